@@ -1,0 +1,47 @@
+package redlimit
+
+import (
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var fixedWindowScript = loadScript("common.lua", "fixedwindow.lua")
+
+// FixedWindow grants at most limit permits per window. A window opens at the
+// first request that finds none open and lasts for the window's length; a
+// denied request, or one for zero permits, opens none. It is the cheapest
+// algorithm, in Redis memory and time, but lets a client spend up to 2×limit
+// across the boundary between two windows.
+//
+// Result.ResetAfter is the time until the window closes, and a denied
+// request's RetryAfter is the same.
+type FixedWindow struct {
+	limiter
+}
+
+// NewFixedWindow returns a limiter granting at most limit permits per window.
+// limit must be between 1 and 2^40; window at least 1ms, at most about 203
+// days, in whole microseconds. Bad values are ErrInvalidConfig. Keys are
+// prefixed "redlimit:fw:" unless WithPrefix says otherwise.
+func NewFixedWindow(rdb redis.Scripter, limit int, window time.Duration, opts ...Option) (*FixedWindow, error) {
+	const algorithm = "fixed_window"
+	if err := permits(algorithm, "limit", limit); err != nil {
+		return nil, err
+	}
+	windowUS, err := micros(algorithm, "window", window)
+	if err != nil {
+		return nil, err
+	}
+	l, err := newLimiter(rdb, spec{
+		algorithm: algorithm,
+		prefix:    "redlimit:fw:",
+		script:    fixedWindowScript,
+		args:      []any{limit, windowUS},
+		limits:    []int{limit},
+	}, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &FixedWindow{l}, nil
+}

@@ -1,0 +1,147 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Config is what an algorithm hands the engine.
+type Config struct {
+	Algorithm string        // name for errors and observers, e.g. "token_bucket"
+	Prefix    string        // Redis key = Prefix + key
+	Script    *redis.Script // the algorithm's script; ARGV[1] now µs or "", ARGV[2] n, then Args
+	Args      []any         // the algorithm's ARGV after now and n, boxed once
+	Policies  int           // how many limits a reply's strategy index may name (1 but for the sliding log)
+	Clock     func() time.Time
+	DenyCache int // entries; 0 = off
+	Observe   func(Event)
+}
+
+// Event is what the observer is told of one call.
+type Event struct {
+	Key     string
+	N       int
+	Reply   Reply
+	Err     error
+	Latency time.Duration
+	Local   bool
+}
+
+// Engine runs one algorithm's decisions. It is safe for concurrent use.
+type Engine struct {
+	rdb       redis.Scripter
+	algorithm string
+	prefix    string
+	script    *redis.Script
+	args      []any
+	policies  int
+	clock     func() time.Time
+	cache     *denyCache
+	observe   func(Event)
+}
+
+// New returns an engine for cfg. The caller has validated cfg.
+func New(rdb redis.Scripter, cfg Config) *Engine {
+	e := &Engine{
+		rdb:       rdb,
+		algorithm: cfg.Algorithm,
+		prefix:    cfg.Prefix,
+		script:    cfg.Script,
+		args:      cfg.Args,
+		policies:  max(cfg.Policies, 1),
+		clock:     cfg.Clock,
+		observe:   cfg.Observe,
+	}
+	if cfg.DenyCache > 0 {
+		e.cache = newDenyCache(cfg.DenyCache)
+	}
+	return e
+}
+
+// Decide takes n permits for key if all n are available. err is non-nil only
+// when no decision was made.
+func (e *Engine) Decide(ctx context.Context, key string, n int) (Reply, error) {
+	if e.observe == nil {
+		r, _, err := e.decide(ctx, key, n)
+		return r, err
+	}
+	start := time.Now()
+	r, local, err := e.decide(ctx, key, n)
+	e.observe(Event{Key: key, N: n, Reply: r, Err: err, Latency: time.Since(start), Local: local})
+	return r, err
+}
+
+func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local bool, err error) {
+	if err := checkKey(key); err != nil {
+		return Reply{}, false, err
+	}
+	if n < 0 {
+		return Reply{}, false, fmt.Errorf("redlimit: n %d: must not be negative: %w", n, ErrInvalidArgument)
+	}
+	var now time.Time
+	var nowArg any = "" // the script reads the Redis server's TIME
+	if e.clock != nil {
+		now = e.clock()
+		us := now.UnixMicro()
+		if us < 0 {
+			return Reply{}, false, fmt.Errorf("redlimit: clock reads %v, before the Unix epoch", now)
+		}
+		nowArg = us
+	}
+	if e.cache != nil {
+		if now.IsZero() {
+			// Taken before the round trip, so a cached denial runs out no
+			// later than the server's would.
+			now = time.Now()
+		}
+		if r, ok := e.cache.lookup(key, n, now); ok {
+			return r, true, nil
+		}
+	}
+	args := make([]any, 2+len(e.args))
+	args[0], args[1] = nowArg, n
+	copy(args[2:], e.args)
+	v, err := e.script.Run(ctx, e.rdb, []string{e.prefix + key}, args...).Result()
+	if err != nil {
+		return Reply{}, false, fmt.Errorf("redlimit: %s: %w", e.algorithm, err)
+	}
+	r, err = ParseReply(v)
+	if err == nil && r.Strategy >= e.policies {
+		err = fmt.Errorf("redlimit: script reply names strategy %d of %d", r.Strategy, e.policies)
+	}
+	if err != nil {
+		return Reply{}, false, fmt.Errorf("redlimit: %s: %w", e.algorithm, err)
+	}
+	if e.cache != nil && !r.Allowed {
+		e.cache.store(key, n, r, now)
+	}
+	return r, false, nil
+}
+
+// resetScript deletes one key. redis.Scripter has no DEL, and a script keeps
+// Reset on the same one-round-trip, cluster-safe path as the decisions.
+var resetScript = redis.NewScript(`return redis.call('DEL', KEYS[1])`)
+
+// Reset forgets all state of key, in Redis and in the deny cache.
+func (e *Engine) Reset(ctx context.Context, key string) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if e.cache != nil {
+		e.cache.forget(key)
+	}
+	if err := resetScript.Run(ctx, e.rdb, []string{e.prefix + key}).Err(); err != nil {
+		return fmt.Errorf("redlimit: %s: reset: %w", e.algorithm, err)
+	}
+	return nil
+}
+
+func checkKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("redlimit: key is empty: %w", ErrInvalidArgument)
+	}
+	return nil
+}

@@ -1,0 +1,92 @@
+package engine
+
+import (
+	"fmt"
+	"time"
+)
+
+// Never is the RetryAfter of a request that can never be allowed.
+const Never time.Duration = -1
+
+// Reply is one decision as a script reports it.
+type Reply struct {
+	Allowed    bool
+	Remaining  int64
+	RetryAfter time.Duration // Never when the request exceeds the capacity
+	ResetAfter time.Duration
+	Strategy   int // sliding log: index of the reported strategy; 0 otherwise
+}
+
+// replyFields is the number of integers every script returns:
+// allowed (0/1), remaining, retry-after µs (-1 = never), reset-after µs, strategy.
+const replyFields = 5
+
+// maxDurationUS is the longest duration, in µs, a time.Duration holds.
+const maxDurationUS = int64(1<<63-1) / int64(time.Microsecond)
+
+// ParseReply parses a script's reply: one bulk string of five space-separated
+// decimal integers. A single string costs one allocation in the client where
+// an array of integers costs one per element. Anything else is an error, never
+// a panic: the reply may come from a server or proxy that misbehaves.
+func ParseReply(v any) (Reply, error) {
+	s, ok := v.(string)
+	if !ok {
+		return Reply{}, fmt.Errorf("redlimit: unexpected script reply %T, want a string", v)
+	}
+	var fields [replyFields]int64
+	i := 0
+	for f := range fields {
+		if i >= len(s) {
+			return Reply{}, fmt.Errorf("redlimit: malformed script reply %q: %d fields, want %d", s, f, replyFields)
+		}
+		neg := s[i] == '-'
+		if neg {
+			i++
+		}
+		start := i
+		var x int64
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			if x > (1<<62)/10 {
+				return Reply{}, fmt.Errorf("redlimit: malformed script reply %q: number out of range", s)
+			}
+			x = x*10 + int64(s[i]-'0')
+			i++
+		}
+		if i == start {
+			return Reply{}, fmt.Errorf("redlimit: malformed script reply %q: field %d is not a number", s, f+1)
+		}
+		if neg {
+			x = -x
+		}
+		fields[f] = x
+		if f < replyFields-1 {
+			if i >= len(s) || s[i] != ' ' {
+				return Reply{}, fmt.Errorf("redlimit: malformed script reply %q: %d fields, want %d", s, f+1, replyFields)
+			}
+			i++
+		}
+	}
+	if i != len(s) {
+		return Reply{}, fmt.Errorf("redlimit: malformed script reply %q: trailing data", s)
+	}
+	allowed, remaining, retryUS, resetUS, strategy := fields[0], fields[1], fields[2], fields[3], fields[4]
+	switch {
+	case allowed != 0 && allowed != 1,
+		remaining < 0,
+		retryUS < -1, retryUS > maxDurationUS, allowed == 1 && retryUS != 0,
+		resetUS < 0, resetUS > maxDurationUS,
+		strategy < 0 || strategy > 1<<16:
+		return Reply{}, fmt.Errorf("redlimit: script reply %q out of range", s)
+	}
+	r := Reply{
+		Allowed:    allowed == 1,
+		Remaining:  remaining,
+		RetryAfter: Never,
+		ResetAfter: time.Duration(resetUS) * time.Microsecond,
+		Strategy:   int(strategy),
+	}
+	if retryUS >= 0 {
+		r.RetryAfter = time.Duration(retryUS) * time.Microsecond
+	}
+	return r, nil
+}

@@ -1,0 +1,43 @@
+package redlimit
+
+import (
+	"github.com/redis/go-redis/v9"
+)
+
+var leakyBucketScript = loadScript("common.lua", "gcra.lua", "leakybucket.lua")
+
+// LeakyBucket smooths traffic to a steady rate. Its level starts at 0 and
+// drains continuously at the leak rate; a request of n is allowed if level +
+// n <= capacity, which then adds n. A denied request's RetryAfter is
+// (level + n - capacity) / rate; ResetAfter is the time until the level is
+// back to 0. At equal capacity and rate it makes exactly the decisions of a
+// TokenBucket: choose by the picture that fits your problem.
+//
+// Redis holds one number per key (the time the bucket will be empty).
+type LeakyBucket struct {
+	limiter
+}
+
+// NewLeakyBucket returns a leaky bucket of capacity permits that drains at
+// leak. capacity must be between 1 and 2^40; leak.Count at least 1 and
+// leak.Per at least 1ms, in whole microseconds; and capacity × leak.Per /
+// gcd(leak.Count, leak.Per in µs) at most 2^52, so that the arithmetic is
+// exact. Bad values are ErrInvalidConfig. Keys are prefixed "redlimit:lb:"
+// unless WithPrefix says otherwise.
+func NewLeakyBucket(rdb redis.Scripter, capacity int, leak Rate, opts ...Option) (*LeakyBucket, error) {
+	args, err := bucketArgs("leaky_bucket", "leak", capacity, leak)
+	if err != nil {
+		return nil, err
+	}
+	l, err := newLimiter(rdb, spec{
+		algorithm: "leaky_bucket",
+		prefix:    "redlimit:lb:",
+		script:    leakyBucketScript,
+		args:      args,
+		limits:    []int{capacity},
+	}, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &LeakyBucket{l}, nil
+}

@@ -1,0 +1,346 @@
+// Package redlimit provides rate limiters that share their state through
+// Redis, so that every instance of a service enforces one limit together.
+//
+// Five algorithms are offered: FixedWindow, SlidingWindow, SlidingLog (several
+// limits at once), LeakyBucket and TokenBucket. Each decision is one Lua script
+// run atomically by Redis in a single round trip (EVALSHA, falling back to EVAL
+// when the server has not seen the script), so any number of goroutines and
+// processes on one key never get more permits than the algorithm grants a
+// single caller.
+//
+// Call TryAcquire before doing work; it returns nil when allowed and an error
+// matching ErrAcquireFailed when denied. Any other error means no decision was
+// made (Redis unreachable, ctx done, bad key): the caller chooses to fail open
+// or closed. AllowN gives the full Result: how many permits remain and how long
+// to wait.
+//
+// Time is the Redis server's clock (TIME, read inside the script) unless
+// WithClock supplies one. All arithmetic is in integer microseconds.
+package redlimit
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/engine"
+)
+
+// Limiter is implemented by every limiter in this package. All are safe for
+// concurrent use.
+type Limiter interface {
+	// TryAcquire takes one permit for key. It returns nil when allowed, an
+	// error matching ErrAcquireFailed (errors.Is) when denied, and any other
+	// error when the decision could not be made (Redis unreachable, ctx done,
+	// bad key).
+	TryAcquire(ctx context.Context, key string) error
+	// Allow is AllowN(ctx, key, 1).
+	Allow(ctx context.Context, key string) (Result, error)
+	// AllowN takes n permits if all n are available, else none. The decision
+	// is in Result.Allowed; err is non-nil only when no decision was made.
+	// n == 0 reports the current state and consumes nothing.
+	AllowN(ctx context.Context, key string, n int) (Result, error)
+	// Reset forgets all state of key.
+	Reset(ctx context.Context, key string) error
+}
+
+// Result is the outcome of one decision.
+type Result struct {
+	// Allowed reports whether the permits were granted.
+	Allowed bool
+	// Limit is the capacity or limit of the binding policy: for SlidingLog,
+	// the strategy reported (see SlidingLog).
+	Limit int
+	// Remaining is the number of permits still available right after this
+	// decision, rounded down, never negative.
+	Remaining int
+	// RetryAfter is 0 when allowed. When denied it is how long to wait before
+	// the same request is allowed, if nothing else consumes meanwhile, rounded
+	// up to the microsecond; Never when n exceeds the capacity.
+	RetryAfter time.Duration
+	// ResetAfter is the time until key is back in its initial, fully
+	// available state, rounded up to the microsecond.
+	ResetAfter time.Duration
+}
+
+// Never is the RetryAfter of a request that can never be allowed: it asks for
+// more permits than the limiter's capacity.
+const Never time.Duration = engine.Never
+
+var (
+	// ErrAcquireFailed is matched (errors.Is) by every denial TryAcquire and
+	// Wait return.
+	ErrAcquireFailed = engine.ErrAcquireFailed
+	// ErrInvalidConfig is matched by constructor errors: a bad limit, window,
+	// precision, rate or option. The message names the field and the value.
+	ErrInvalidConfig = engine.ErrInvalidConfig
+	// ErrInvalidArgument is matched by call errors: an empty key or n < 0.
+	// Such calls never reach Redis.
+	ErrInvalidArgument = engine.ErrInvalidArgument
+)
+
+// ViolationStrategyError is returned by SlidingLog.TryAcquire when a strategy
+// denies: the one whose RetryAfter is longest. It matches ErrAcquireFailed.
+type ViolationStrategyError struct {
+	Limit      int
+	Window     time.Duration
+	RetryAfter time.Duration // Never when the request exceeds Limit
+}
+
+// Error says which strategy denied and how long to wait.
+func (e *ViolationStrategyError) Error() string {
+	if e.RetryAfter == Never {
+		return fmt.Sprintf("redlimit: rate limit exceeded: %d per %v, request larger than the limit", e.Limit, e.Window)
+	}
+	return fmt.Sprintf("redlimit: rate limit exceeded: %d per %v, retry after %v", e.Limit, e.Window, e.RetryAfter)
+}
+
+// Unwrap makes errors.Is(err, ErrAcquireFailed) hold.
+func (e *ViolationStrategyError) Unwrap() error { return ErrAcquireFailed }
+
+// Strategy is one limit of a SlidingLog: at most Limit permits in any Window.
+type Strategy struct {
+	Limit  int
+	Window time.Duration
+}
+
+// Rate is Count events per Per. It is an exact ratio: PerSecond(3) admits
+// exactly 3 per second over any long run.
+type Rate struct {
+	Count int
+	Per   time.Duration
+}
+
+// PerSecond returns the rate of n events per second.
+func PerSecond(n int) Rate { return Rate{Count: n, Per: time.Second} }
+
+// PerMinute returns the rate of n events per minute.
+func PerMinute(n int) Rate { return Rate{Count: n, Per: time.Minute} }
+
+// PerHour returns the rate of n events per hour.
+func PerHour(n int) Rate { return Rate{Count: n, Per: time.Hour} }
+
+// Option configures a limiter.
+type Option func(*options)
+
+type options struct {
+	prefix       string
+	prefixSet    bool
+	clock        func() time.Time
+	clockSet     bool
+	denyCache    int
+	denyCacheSet bool
+	observer     func(Decision)
+}
+
+// WithPrefix sets the Redis key prefix: the key of a call is exactly
+// prefix + key. The defaults are redlimit:fw:, redlimit:sw:, redlimit:sl:,
+// redlimit:lb: and redlimit:tb:, so that two algorithms never meet on a key.
+func WithPrefix(prefix string) Option {
+	return func(o *options) { o.prefix, o.prefixSet = prefix, true }
+}
+
+// WithClock makes the limiter decide on now instead of the Redis server's
+// TIME: for tests with a fake clock, or for Redis-compatible services that
+// refuse TIME in scripts. Every process sharing a key should then use clocks
+// that agree. A nil clock is ErrInvalidConfig.
+func WithClock(now func() time.Time) Option {
+	return func(o *options) { o.clock, o.clockSet = now, true }
+}
+
+// WithDenyCache keeps up to size recent denials in process. While a denial's
+// RetryAfter has not passed, a new request on that key for at least as many
+// permits is denied locally, without a round trip (Decision.Local is set).
+// This is exact for every algorithm here, since state only recovers with
+// time, except after a Reset from another process. A locally denied Result
+// carries the Remaining of the cached denial. size <= 0 is ErrInvalidConfig.
+// Default: off.
+func WithDenyCache(size int) Option {
+	return func(o *options) { o.denyCache, o.denyCacheSet = size, true }
+}
+
+// WithObserver makes the limiter call fn after every call, from the calling
+// goroutine: for metrics, logs and traces. fn must be safe for concurrent use
+// and should be quick. A nil fn observes nothing.
+func WithObserver(fn func(Decision)) Option {
+	return func(o *options) { o.observer = fn }
+}
+
+// Decision is what an observer sees of one call.
+type Decision struct {
+	// Algorithm is "fixed_window", "sliding_window", "sliding_log",
+	// "leaky_bucket" or "token_bucket".
+	Algorithm string
+	// Key is the caller's key, without prefix.
+	Key string
+	// N is the number of permits asked for.
+	N int
+	// Result is the decision; zero when Err is set.
+	Result Result
+	// Err is nil unless no decision was made.
+	Err error
+	// Latency is the time the call took, round trip included.
+	Latency time.Duration
+	// Local reports a denial answered by the deny cache, without a round trip.
+	Local bool
+}
+
+// limiter is the part every algorithm shares: it turns engine replies into
+// Results. Algorithms embed it and add only validation and their ARGV.
+type limiter struct {
+	engine *engine.Engine
+	// limits holds Result.Limit by the strategy index a script reports; one
+	// entry for every algorithm but SlidingLog.
+	limits []int
+}
+
+// spec is what an algorithm's constructor hands newLimiter.
+type spec struct {
+	algorithm string
+	prefix    string // default key prefix
+	script    *redis.Script
+	args      []any
+	limits    []int
+}
+
+func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
+	if rdb == nil {
+		return limiter{}, fmt.Errorf("redlimit: %s: Redis client is nil: %w", s.algorithm, ErrInvalidConfig)
+	}
+	var o options
+	for _, opt := range opts {
+		if opt == nil {
+			return limiter{}, fmt.Errorf("redlimit: %s: nil Option: %w", s.algorithm, ErrInvalidConfig)
+		}
+		opt(&o)
+	}
+	if o.clockSet && o.clock == nil {
+		return limiter{}, fmt.Errorf("redlimit: %s: WithClock(nil): %w", s.algorithm, ErrInvalidConfig)
+	}
+	if o.denyCacheSet && o.denyCache <= 0 {
+		return limiter{}, fmt.Errorf("redlimit: %s: deny cache size %d: must be positive: %w", s.algorithm, o.denyCache, ErrInvalidConfig)
+	}
+	prefix := s.prefix
+	if o.prefixSet {
+		prefix = o.prefix
+	}
+	l := limiter{limits: s.limits}
+	cfg := engine.Config{
+		Algorithm: s.algorithm,
+		Prefix:    prefix,
+		Script:    s.script,
+		Args:      s.args,
+		Policies:  len(s.limits),
+		Clock:     o.clock,
+		DenyCache: o.denyCache,
+	}
+	if fn := o.observer; fn != nil {
+		cfg.Observe = func(ev engine.Event) {
+			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local}
+			if ev.Err == nil {
+				d.Result = l.result(ev.Reply)
+			}
+			fn(d)
+		}
+	}
+	l.engine = engine.New(rdb, cfg)
+	return l, nil
+}
+
+func (l *limiter) result(r engine.Reply) Result {
+	return Result{
+		Allowed:    r.Allowed,
+		Limit:      l.limits[r.Strategy],
+		Remaining:  int(r.Remaining),
+		RetryAfter: r.RetryAfter,
+		ResetAfter: r.ResetAfter,
+	}
+}
+
+// TryAcquire takes one permit for key. It returns nil when allowed,
+// ErrAcquireFailed when denied, and any other error when no decision was
+// made (Redis unreachable, ctx done, empty key).
+func (l *limiter) TryAcquire(ctx context.Context, key string) error {
+	r, err := l.engine.Decide(ctx, key, 1)
+	if err != nil {
+		return err
+	}
+	if !r.Allowed {
+		return ErrAcquireFailed
+	}
+	return nil
+}
+
+// Allow is AllowN(ctx, key, 1).
+func (l *limiter) Allow(ctx context.Context, key string) (Result, error) {
+	return l.AllowN(ctx, key, 1)
+}
+
+// AllowN takes n permits for key if all n are available, else none. The
+// decision is in Result.Allowed; err is non-nil only when no decision was
+// made: Redis failed, ctx ended, or the arguments are invalid (an empty key
+// or n < 0: ErrInvalidArgument, without a round trip). n == 0 reports the
+// current state and consumes nothing. n above the capacity is denied with
+// RetryAfter == Never.
+func (l *limiter) AllowN(ctx context.Context, key string, n int) (Result, error) {
+	r, err := l.engine.Decide(ctx, key, n)
+	if err != nil {
+		return Result{}, err
+	}
+	return l.result(r), nil
+}
+
+// Reset forgets all state of key, in Redis and in this limiter's deny cache.
+func (l *limiter) Reset(ctx context.Context, key string) error {
+	return l.engine.Reset(ctx, key)
+}
+
+//go:embed scripts/*.lua
+var scriptFiles embed.FS
+
+// loadScript joins the named files of scripts/ into one script: shared
+// helpers first, the algorithm's body last.
+func loadScript(names ...string) *redis.Script {
+	var src []byte
+	for _, name := range names {
+		b, err := scriptFiles.ReadFile("scripts/" + name)
+		if err != nil {
+			panic("redlimit: missing embedded script: " + err.Error()) // a build error, never input
+		}
+		src = append(append(src, b...), '\n')
+	}
+	return redis.NewScript(string(src))
+}
+
+// Bounds that keep every value a script computes an exact integer in Lua's
+// doubles (below 2^53).
+const (
+	maxPermits = 1 << 40 // limits and capacities
+	maxMicros  = 1 << 44 // windows, precisions and rate periods: about 203 days
+	maxLevel   = 1 << 52 // capacity × reduced rate period, in a bucket's ticks
+)
+
+// micros checks a duration for a window, precision or rate period and returns
+// it in µs.
+func micros(algorithm, field string, d time.Duration) (int64, error) {
+	switch {
+	case d < time.Millisecond:
+		return 0, fmt.Errorf("redlimit: %s: %s %v: must be at least 1ms: %w", algorithm, field, d, ErrInvalidConfig)
+	case d%time.Microsecond != 0:
+		return 0, fmt.Errorf("redlimit: %s: %s %v: must be a whole number of microseconds: %w", algorithm, field, d, ErrInvalidConfig)
+	case d/time.Microsecond > maxMicros:
+		return 0, fmt.Errorf("redlimit: %s: %s %v: must be at most %v: %w", algorithm, field, d, maxMicros*time.Microsecond, ErrInvalidConfig)
+	}
+	return int64(d / time.Microsecond), nil
+}
+
+// permits checks a limit or capacity.
+func permits(algorithm, field string, n int) error {
+	if n < 1 || n > maxPermits {
+		return fmt.Errorf("redlimit: %s: %s %d: must be between 1 and %d: %w", algorithm, field, n, maxPermits, ErrInvalidConfig)
+	}
+	return nil
+}

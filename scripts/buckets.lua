@@ -1,0 +1,237 @@
+-- buckets.lua: the bucket log shared by the sliding window and the sliding log.
+--
+-- Time is cut into buckets of `precision` µs aligned to the Unix epoch:
+-- bucket index = floor(µs / precision). A strategy (limit, size) counts the
+-- permits in the `size` buckets ending with now's bucket. Strategies come
+-- sorted by size, ascending, with limits ascending.
+--
+-- The key is a hash:
+--   "m"        meta, space-separated integers:
+--              precision S size_1..size_S tail tail_count cursor_1 total_1 .. cursor_S total_S
+--   "<index>"  a nonempty bucket: "<count>" for the newest (the tail),
+--              "<count> <index of the next nonempty bucket>" for the others.
+-- The nonempty buckets form a queue, oldest to newest. cursor_i is the oldest
+-- bucket inside strategy i's window (-1: none) and total_i the permits in that
+-- window, so a call reads only the buckets that leave a window, however many
+-- the window holds. The longest strategy's cursor is the head of the queue;
+-- buckets that leave its window are deleted.
+
+local log_cache = {} -- bucket index -> {count, next}, read at most once per call
+
+local function read_bucket(index)
+  local cached = log_cache[index]
+  if cached then return cached[1], cached[2] end
+  local raw = redis.call('HGET', KEYS[1], string.format('%d', index))
+  if not raw then return nil end
+  local count, next_index = string.match(raw, '^(%d+) (%d+)$')
+  if count then
+    count, next_index = tonumber(count), tonumber(next_index)
+    if next_index <= index then return nil end
+  else
+    count, next_index = tonumber(string.match(raw, '^%d+$')), -1
+    if not count then return nil end
+  end
+  log_cache[index] = {count, next_index}
+  return count, next_index
+end
+
+local function parse_meta(raw)
+  local m = {}
+  for field in string.gmatch(raw, '[^ ]+') do
+    if not string.match(field, '^%-?%d+$') then return nil end
+    m[#m + 1] = tonumber(field)
+  end
+  local S = m[2]
+  if not S or S < 1 or #m ~= 4 + 3 * S or m[1] < 1 then return nil end
+  local state = {precision = m[1], sizes = {}, cursor = {}, total = {}}
+  for i = 1, S do state.sizes[i] = m[2 + i] end
+  state.tail, state.tail_count = m[3 + S], m[4 + S]
+  for i = 1, S do
+    state.cursor[i], state.total[i] = m[3 + S + 2 * i], m[4 + S + 2 * i]
+  end
+  return state
+end
+
+local function same_config(state, precision, sizes)
+  if state.precision ~= precision or #state.sizes ~= #sizes then return false end
+  for i = 1, #sizes do
+    if state.sizes[i] ~= sizes[i] then return false end
+  end
+  return true
+end
+
+-- Rewrites the log for `precision` and `sizes` at bucket b: used when the
+-- configuration changed on a live key, or the clock went back. Buckets map to
+-- the new bucket holding their start; buckets after b (from the clock's
+-- future) fold into b, so no permit is forgotten and none is counted for
+-- longer than the longest window from now. Reads everything before writing.
+local function rebuild(old, b, precision, sizes)
+  local S = #sizes
+  local entries = {}
+  local index = old.cursor[#old.cursor]
+  while index ~= -1 do
+    local count, next_index = read_bucket(index)
+    if not count then return nil end
+    local moved = math.min(idiv(index * old.precision, precision), b)
+    if moved > b - sizes[S] then
+      local last = entries[#entries]
+      if last and last[1] == moved then
+        last[2] = last[2] + count
+      else
+        entries[#entries + 1] = {moved, count}
+      end
+    end
+    index = next_index
+  end
+  redis.call('DEL', KEYS[1])
+  log_cache = {}
+  local state = {precision = precision, sizes = sizes, cursor = {}, total = {}, tail = -1, tail_count = 0}
+  for i = 1, S do state.cursor[i], state.total[i] = -1, 0 end
+  for k, entry in ipairs(entries) do
+    local index, count = entry[1], entry[2]
+    local next_index = -1
+    if entries[k + 1] then next_index = entries[k + 1][1] end
+    log_cache[index] = {count, next_index}
+    local value = string.format('%d', count)
+    if next_index ~= -1 then value = string.format('%d %d', count, next_index) end
+    redis.call('HSET', KEYS[1], string.format('%d', index), value)
+    for i = 1, S do
+      if index > b - sizes[i] then
+        if state.cursor[i] == -1 then state.cursor[i] = index end
+        state.total[i] = state.total[i] + count
+      end
+    end
+    state.tail, state.tail_count = index, count
+  end
+  return state
+end
+
+local function meta_string(state)
+  local m = {state.precision, #state.sizes}
+  for i = 1, #state.sizes do m[#m + 1] = state.sizes[i] end
+  m[#m + 1] = state.tail
+  m[#m + 1] = state.tail_count
+  for i = 1, #state.sizes do
+    m[#m + 1] = state.cursor[i]
+    m[#m + 1] = state.total[i]
+  end
+  for i = 1, #m do m[i] = string.format('%d', m[i]) end
+  return table.concat(m, ' ')
+end
+
+-- How long until strategy i admits n more: walk its window from the oldest
+-- bucket until enough permits have left. Reads at most as many buckets as
+-- permits must leave.
+local function retry_after(state, i, n, limit, now)
+  local excess = state.total[i] + n - limit
+  local index, left = state.cursor[i], 0
+  while index ~= -1 do
+    local count, next_index = read_bucket(index)
+    if not count then return nil end
+    left = left + count
+    if left >= excess then
+      return (index + state.sizes[i]) * state.precision - now
+    end
+    index = next_index
+  end
+  return nil
+end
+
+-- Decides a request of n permits at now against every strategy and returns
+-- the script's reply. limits and sizes are in ascending order.
+local function decide_log(now, n, precision, limits, sizes)
+  local S = #sizes
+  local b = idiv(now, precision)
+  local corrupt = 'a hash that is not a sliding log'
+
+  local state
+  local raw = redis.call('HGET', KEYS[1], 'm')
+  if raw then
+    state = parse_meta(raw)
+    if not state then return not_ours(corrupt) end
+  elseif redis.call('EXISTS', KEYS[1]) == 1 then
+    return not_ours(corrupt)
+  else
+    state = {precision = precision, sizes = sizes, cursor = {}, total = {}, tail = -1, tail_count = 0}
+    for i = 1, S do state.cursor[i], state.total[i] = -1, 0 end
+  end
+
+  local changed = false
+  local dead = {}
+  if not same_config(state, precision, sizes) or state.tail > b then
+    state = rebuild(state, b, precision, sizes)
+    if not state then return not_ours(corrupt) end
+    changed = true
+  else
+    for i = 1, S do
+      local last_out = b - sizes[i]
+      while state.cursor[i] ~= -1 and state.cursor[i] <= last_out do
+        local count, next_index = read_bucket(state.cursor[i])
+        if not count then return not_ours(corrupt) end
+        if i == S then dead[#dead + 1] = string.format('%d', state.cursor[i]) end
+        state.total[i] = state.total[i] - count
+        state.cursor[i] = next_index
+        changed = true
+      end
+    end
+    if state.cursor[S] == -1 then state.tail, state.tail_count = -1, 0 end
+  end
+
+  local allowed, retry, reported = true, 0, 1
+  if n > limits[1] then
+    allowed, retry = false, -1
+  else
+    for i = 1, S do
+      if state.total[i] + n > limits[i] then
+        local wait = retry_after(state, i, n, limits[i], now)
+        if not wait then return not_ours(corrupt) end
+        if allowed or wait > retry then reported, retry = i, wait end
+        allowed = false
+      end
+    end
+  end
+
+  local writes = {}
+  if allowed and n > 0 then
+    if state.tail == b then
+      state.tail_count = state.tail_count + n
+    else
+      if state.tail ~= -1 then
+        writes[#writes + 1] = string.format('%d', state.tail)
+        writes[#writes + 1] = string.format('%d %d', state.tail_count, b)
+      end
+      state.tail, state.tail_count = b, n
+      for i = 1, S do
+        if state.cursor[i] == -1 then state.cursor[i] = b end
+      end
+    end
+    writes[#writes + 1] = string.format('%d', b)
+    writes[#writes + 1] = string.format('%d', state.tail_count)
+    for i = 1, S do state.total[i] = state.total[i] + n end
+    changed = true
+  end
+
+  local remaining = limits[1] - state.total[1]
+  if allowed then reported = 1 end
+  for i = 2, S do
+    local left = limits[i] - state.total[i]
+    if left < remaining then
+      remaining = left
+      if allowed then reported = i end
+    end
+  end
+
+  local reset = 0
+  if state.tail ~= -1 then reset = (state.tail + sizes[S]) * precision - now end
+
+  if changed then
+    if state.tail == -1 then
+      redis.call('DEL', KEYS[1])
+    else
+      if #dead > 0 then redis.call('HDEL', KEYS[1], unpack(dead)) end
+      redis.call('HSET', KEYS[1], 'm', meta_string(state), unpack(writes))
+      redis.call('PEXPIRE', KEYS[1], ttl_ms(reset))
+    end
+  end
+  return reply(allowed, remaining, retry, reset, reported - 1)
+end

@@ -1,0 +1,55 @@
+-- common.lua: helpers every redlimit script starts with (the Go side joins
+-- this file and the algorithm's body into one script).
+--
+-- Every script takes one key, KEYS[1], and ARGV[1] = now in Unix µs, or ""
+-- to read the Redis server's TIME; ARGV[2] = n, the permits asked for.
+-- All times and durations are integer microseconds held in Lua numbers
+-- (doubles): exact below 2^53, and the Go side keeps every value under it.
+-- Every script replies with one string of five integers, see reply().
+
+-- floor(a / b) for integers a >= 0, b > 0, exact even where a / b rounds.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- ceil(a / b) for integers a >= 0, b > 0.
+local function ceil_div(a, b)
+  local q = idiv(a, b)
+  if q * b < a then q = q + 1 end
+  return q
+end
+
+local function now_us()
+  if ARGV[1] ~= '' then return tonumber(ARGV[1]) end
+  -- Redis < 7 replicates scripts verbatim unless told otherwise, and refuses
+  -- writes after TIME; on 7 and later this is a no-op.
+  if redis.replicate_commands then redis.replicate_commands() end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- A key's TTL in ms for state that is back to its initial value after
+-- reset_us: rounded up, so expiry never comes before the state is spent.
+local function ttl_ms(reset_us)
+  return math.max(1, ceil_div(reset_us, 1000))
+end
+
+-- allowed (bool), remaining permits, retry-after µs (-1: never), reset-after
+-- µs, and the index of the reported strategy (sliding log; 0 otherwise).
+local function reply(allowed, remaining, retry_us, reset_us, strategy)
+  return string.format('%d %d %d %d %d', allowed and 1 or 0, math.max(0, remaining),
+    retry_us, reset_us, strategy or 0)
+end
+
+-- The error for a key whose value is not this script's state. Nothing has
+-- been written when it is returned.
+local function not_ours(what)
+  return redis.error_reply('redlimit: key ' .. KEYS[1] .. ' holds ' .. what ..
+    ', not redlimit state; it was left unchanged')
+end

@@ -1,0 +1,35 @@
+-- leakybucket.lua: a level starts at 0 and drains continuously at `count`
+-- permits per `per` µs; a request of n is allowed if level + n <= capacity,
+-- which then adds n.
+--
+-- ARGV[1] now (µs, or "" for server TIME)
+-- ARGV[2] n         permits asked for (>= 0)
+-- ARGV[3] capacity  permits the bucket holds
+-- ARGV[4] per       leak period (µs), reduced with count
+-- ARGV[5] count     permits leaked per period
+--
+-- Level is in ticks of 1/count µs of drain: one permit is `per` ticks.
+
+local now = now_us()
+local n = tonumber(ARGV[2])
+local capacity = tonumber(ARGV[3])
+local per = tonumber(ARGV[4])
+local count = tonumber(ARGV[5])
+local full = capacity * per
+
+local level, changed = load_level(now, full, count)
+if not level then return not_ours('a value that is not a leaky bucket') end
+
+local allowed, retry = false, 0
+local need = n * per
+if n > capacity then
+  retry = -1
+elseif level + need <= full then
+  allowed, level = true, level + need
+  changed = changed or n > 0
+else
+  retry = ceil_div(level + need - full, count)
+end
+
+if changed then store_level(now, level, count) end
+return reply(allowed, idiv(full - level, per), retry, ceil_div(level, count))

@@ -1,0 +1,37 @@
+-- tokenbucket.lua: a bucket starts full with `capacity` tokens and refills
+-- continuously at `count` tokens per `per` µs, up to capacity; a request of n
+-- is allowed if n tokens are there, and takes them (GCRA: one stored time).
+--
+-- ARGV[1] now (µs, or "" for server TIME)
+-- ARGV[2] n         tokens asked for (>= 0)
+-- ARGV[3] capacity  tokens the bucket holds
+-- ARGV[4] per       refill period (µs), reduced with count
+-- ARGV[5] count     tokens refilled per period
+--
+-- Tokens are in ticks of 1/count µs of refill: one token is `per` ticks.
+-- What is stored is the missing part, full - tokens: see gcra.lua.
+
+local now = now_us()
+local n = tonumber(ARGV[2])
+local capacity = tonumber(ARGV[3])
+local per = tonumber(ARGV[4])
+local count = tonumber(ARGV[5])
+local full = capacity * per
+
+local missing, changed = load_level(now, full, count)
+if not missing then return not_ours('a value that is not a token bucket') end
+local tokens = full - missing
+
+local allowed, retry = false, 0
+local need = n * per
+if n > capacity then
+  retry = -1
+elseif tokens >= need then
+  allowed, tokens = true, tokens - need
+  changed = changed or n > 0
+else
+  retry = ceil_div(need - tokens, count)
+end
+
+if changed then store_level(now, full - tokens, count) end
+return reply(allowed, idiv(tokens, per), retry, ceil_div(full - tokens, count))

@@ -1,0 +1,67 @@
+package redlimit
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var slidingWindowScript = loadScript("common.lua", "buckets.lua", "slidingwindow.lua")
+
+// SlidingWindow grants at most limit permits in any window, counted in
+// buckets of precision aligned to the Unix epoch: a request at time t counts
+// the permits in the window/precision buckets ending with the one holding t.
+// Unlike a fixed window it never lets 2×limit through across a boundary; the
+// precision trades Redis memory (one hash field per nonempty bucket) against
+// how smoothly old permits leave the window. The cost of a call does not grow
+// with window/precision.
+//
+// A denied request's RetryAfter is the time until enough old buckets leave
+// the window; ResetAfter the time until the newest leaves it.
+type SlidingWindow struct {
+	limiter
+}
+
+// NewSlidingWindow returns a limiter granting at most limit permits in any
+// window, counted in buckets of precision. limit must be between 1 and 2^40;
+// precision at least 1ms; window a multiple of precision, at most about 203
+// days; both in whole microseconds. Bad values are ErrInvalidConfig. Keys are
+// prefixed "redlimit:sw:" unless WithPrefix says otherwise.
+func NewSlidingWindow(rdb redis.Scripter, limit int, window, precision time.Duration, opts ...Option) (*SlidingWindow, error) {
+	const algorithm = "sliding_window"
+	if err := permits(algorithm, "limit", limit); err != nil {
+		return nil, err
+	}
+	size, precisionUS, err := bucketsPerWindow(algorithm, window, precision)
+	if err != nil {
+		return nil, err
+	}
+	l, err := newLimiter(rdb, spec{
+		algorithm: algorithm,
+		prefix:    "redlimit:sw:",
+		script:    slidingWindowScript,
+		args:      []any{limit, size, precisionUS},
+		limits:    []int{limit},
+	}, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &SlidingWindow{l}, nil
+}
+
+// bucketsPerWindow checks a window and its precision and returns the window's
+// length in buckets and the precision in µs.
+func bucketsPerWindow(algorithm string, window, precision time.Duration) (size, precisionUS int64, err error) {
+	if precisionUS, err = micros(algorithm, "precision", precision); err != nil {
+		return 0, 0, err
+	}
+	windowUS, err := micros(algorithm, "window", window)
+	if err != nil {
+		return 0, 0, err
+	}
+	if windowUS%precisionUS != 0 {
+		return 0, 0, fmt.Errorf("redlimit: %s: window %v: must be a multiple of the precision %v: %w", algorithm, window, precision, ErrInvalidConfig)
+	}
+	return windowUS / precisionUS, precisionUS, nil
+}
