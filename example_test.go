@@ -1,0 +1,130 @@
+package redlimit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit"
+)
+
+// newRedis returns a client of an embedded miniredis, so that the examples
+// run anywhere; a service passes its own *redis.Client or *redis.ClusterClient.
+func newRedis() (*redis.Client, func()) {
+	m, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	return rdb, func() { rdb.Close(); m.Close() }
+}
+
+// A fixed clock makes the examples' output exact; services leave it out and
+// share the Redis server's clock.
+var exampleNow = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+
+func exampleClock() time.Time { return exampleNow }
+
+func ExampleLimiter_tryAcquire() {
+	rdb, done := newRedis()
+	defer done()
+	limiter, err := redlimit.NewTokenBucket(rdb, 2, redlimit.PerSecond(1), redlimit.WithClock(exampleClock))
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for i := 1; i <= 3; i++ {
+		err := limiter.TryAcquire(ctx, "user:42")
+		switch {
+		case err == nil:
+			fmt.Println(i, "allowed")
+		case errors.Is(err, redlimit.ErrAcquireFailed):
+			fmt.Println(i, "denied")
+		default:
+			fmt.Println(i, "no decision:", err) // Redis down: fail open or closed
+		}
+	}
+	// Output:
+	// 1 allowed
+	// 2 allowed
+	// 3 denied
+}
+
+func ExampleLimiter_allowN() {
+	rdb, done := newRedis()
+	defer done()
+	// 10 units of upload per minute, in buckets of one second.
+	limiter, err := redlimit.NewSlidingWindow(rdb, 10, time.Minute, time.Second, redlimit.WithClock(exampleClock))
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for _, n := range []int{4, 4, 4, 0, 11} {
+		r, err := limiter.AllowN(ctx, "upload:alice", n)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("n=%d allowed=%t remaining=%d retry=%v reset=%v\n", n, r.Allowed, r.Remaining, r.RetryAfter, r.ResetAfter)
+	}
+	// Output:
+	// n=4 allowed=true remaining=6 retry=0s reset=1m0s
+	// n=4 allowed=true remaining=2 retry=0s reset=1m0s
+	// n=4 allowed=false remaining=2 retry=1m0s reset=1m0s
+	// n=0 allowed=true remaining=2 retry=0s reset=1m0s
+	// n=11 allowed=false remaining=2 retry=-1ns reset=1m0s
+}
+
+func ExampleViolationStrategyError() {
+	rdb, done := newRedis()
+	defer done()
+	limiter, err := redlimit.NewSlidingLog(rdb, time.Second, []redlimit.Strategy{
+		{Limit: 2, Window: time.Second},
+		{Limit: 100, Window: time.Hour},
+	}, redlimit.WithClock(exampleClock))
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for i := 1; i <= 3; i++ {
+		err := limiter.TryAcquire(ctx, "api:bob")
+		var violation *redlimit.ViolationStrategyError
+		if errors.As(err, &violation) {
+			fmt.Printf("%d denied by %d per %v, retry after %v\n", i, violation.Limit, violation.Window, violation.RetryAfter)
+			continue
+		}
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(i, "allowed")
+	}
+	// Output:
+	// 1 allowed
+	// 2 allowed
+	// 3 denied by 2 per 1s, retry after 1s
+}
+
+func ExampleWait() {
+	rdb, done := newRedis()
+	defer done()
+	// miniredis serves real time, as Redis does: Wait sleeps until allowed.
+	limiter, err := redlimit.NewLeakyBucket(rdb, 1, redlimit.PerSecond(50))
+	if err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for i := 1; i <= 3; i++ {
+		if err := redlimit.Wait(ctx, limiter, "jobs"); err != nil {
+			panic(err)
+		}
+		fmt.Println("job", i) // the 2nd and 3rd start 20ms apart
+	}
+	// Output:
+	// job 1
+	// job 2
+	// job 3
+}
