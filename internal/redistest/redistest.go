@@ -1,0 +1,130 @@
+// Package redistest starts real Redis servers for tests: a standalone server
+// and a 3-master Redis Cluster shared by all tests of a test binary, and
+// dedicated servers for tests that need to stop, kill or reconfigure them.
+//
+// Servers listen on 127.0.0.1 only, run without persistence in temporary
+// directories and are child processes of the test binary (on Linux they are
+// killed when it dies). A package using the shared servers should stop them
+// from TestMain:
+//
+//	func TestMain(m *testing.M) {
+//		code := m.Run()
+//		redistest.Shutdown()
+//		os.Exit(code)
+//	}
+//
+// When redis-server (or, for the cluster, redis-cli) is not on PATH, tests are
+// skipped, unless the environment variable REDLIMIT_REQUIRE_REDIS=1 is set, in
+// which case they fail.
+package redistest
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"testing"
+)
+
+// requireEnv is the environment variable that, set to "1", turns a missing
+// redis-server or redis-cli into a test failure instead of a skip.
+const requireEnv = "REDLIMIT_REQUIRE_REDIS"
+
+var (
+	sharedMu      sync.Mutex
+	sharedServer  *Server
+	sharedCluster *cluster
+)
+
+// Available reports whether redis-server is on PATH.
+func Available() bool {
+	_, err := exec.LookPath("redis-server")
+	return err == nil
+}
+
+// Require is what tests call first: when redis-server is not on PATH it calls
+// tb.Skip with a message saying so, except when the environment variable
+// REDLIMIT_REQUIRE_REDIS=1, where it calls tb.Fatal. Addr, ClusterAddrs and
+// Start apply the same rule themselves; ClusterAddrs also requires redis-cli.
+func Require(tb testing.TB) {
+	tb.Helper()
+	requireBinaries(tb, "redis-server")
+}
+
+// requireBinaries applies the rule of Require to each named program.
+func requireBinaries(tb testing.TB, names ...string) {
+	tb.Helper()
+	for _, name := range names {
+		if _, err := exec.LookPath(name); err == nil {
+			continue
+		}
+		if os.Getenv(requireEnv) == "1" {
+			tb.Fatalf("redistest: %s not found on PATH, and %s=1 requires it", name, requireEnv)
+		}
+		tb.Skipf("redistest: %s not found on PATH; skipping (set %s=1 to fail instead)", name, requireEnv)
+	}
+}
+
+// Addr returns the address of a real redis-server shared by all tests of the
+// current test binary, starting it on first use. Tests sharing it should use
+// distinct keys and must not stop it or flush it. If the shared server has
+// died, a new one is started.
+func Addr(tb testing.TB) string {
+	tb.Helper()
+	Require(tb)
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if sharedServer != nil && !sharedServer.running() {
+		if err := sharedServer.close(); err != nil {
+			tb.Logf("redistest: cleaning up dead shared redis-server: %v", err)
+		}
+		sharedServer = nil
+	}
+	if sharedServer == nil {
+		s, err := startServer(nil, false)
+		if err != nil {
+			tb.Fatalf("redistest: shared server: %v", err)
+		}
+		sharedServer = s
+	}
+	return sharedServer.Addr()
+}
+
+// ClusterAddrs returns the seed addresses of a shared local 3-master Redis
+// Cluster (started on first use; all 16384 slots covered, cluster_state:ok on
+// every node). It skips or fails the test as Require does when redis-server
+// or redis-cli is missing. The returned slice is the caller's to modify.
+func ClusterAddrs(tb testing.TB) []string {
+	tb.Helper()
+	requireBinaries(tb, "redis-server", "redis-cli")
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if sharedCluster == nil {
+		c, err := startCluster()
+		if err != nil {
+			tb.Fatalf("redistest: shared cluster: %v", err)
+		}
+		sharedCluster = c
+	}
+	return sharedCluster.addrs()
+}
+
+// Shutdown stops the shared server and cluster, if started, and removes their
+// directories. Call it from TestMain after m.Run. Later calls to Addr or
+// ClusterAddrs start new ones.
+func Shutdown() {
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if sharedServer != nil {
+		if err := sharedServer.close(); err != nil {
+			fmt.Fprintf(os.Stderr, "redistest: shutdown shared server: %v\n", err)
+		}
+		sharedServer = nil
+	}
+	if sharedCluster != nil {
+		if err := sharedCluster.close(); err != nil {
+			fmt.Fprintf(os.Stderr, "redistest: shutdown shared cluster: %v\n", err)
+		}
+		sharedCluster = nil
+	}
+}
