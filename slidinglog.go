@@ -1,6 +1,7 @@
 package redlimit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -39,7 +40,7 @@ func NewSlidingLog(rdb redis.Scripter, precision time.Duration, strategies []Str
 		return nil, fmt.Errorf("redlimit: %s: no strategies: %w", algorithm, ErrInvalidConfig)
 	}
 	sorted := slices.Clone(strategies)
-	slices.SortStableFunc(sorted, func(a, b Strategy) int { return int(a.Window - b.Window) })
+	slices.SortStableFunc(sorted, func(a, b Strategy) int { return cmp.Compare(a.Window, b.Window) })
 	var precisionUS int64
 	args := make([]any, 1, 1+2*len(sorted))
 	limits := make([]int, len(sorted))

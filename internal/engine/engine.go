@@ -30,6 +30,10 @@ type Event struct {
 	Local   bool
 }
 
+// maxClockUS bounds a WithClock time: with a window or refill time added it
+// stays below 2^53, where Lua's doubles stop being exact integers.
+const maxClockUS = 1 << 52
+
 // Engine runs one algorithm's decisions. It is safe for concurrent use.
 type Engine struct {
 	rdb       redis.Scripter
@@ -86,8 +90,8 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 	if e.clock != nil {
 		now = e.clock()
 		us := now.UnixMicro()
-		if us < 0 {
-			return Reply{}, false, fmt.Errorf("redlimit: clock reads %v, before the Unix epoch", now)
+		if us < 0 || us > maxClockUS {
+			return Reply{}, false, fmt.Errorf("redlimit: clock reads %v: must be between the Unix epoch and 2^52µs after it (year 2112)", now)
 		}
 		nowArg = us
 	}
