@@ -1,0 +1,243 @@
+package redlimit
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/redistest"
+)
+
+// dialCluster returns a client of the shared 3-master test cluster.
+func dialCluster(t *testing.T) *redis.ClusterClient {
+	t.Helper()
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t)})
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// keyPlacement says which master serves a key, as the cluster itself reports
+// it (CLUSTER SLOTS, CLUSTER KEYSLOT), not as go-redis computes it, and
+// holds a direct client of every master to look at keys where they live.
+type keyPlacement struct {
+	cc      *redis.ClusterClient
+	slots   []redis.ClusterSlot
+	masters map[string]*redis.Client // by address
+}
+
+func newKeyPlacement(t *testing.T, cc *redis.ClusterClient) *keyPlacement {
+	t.Helper()
+	slots, err := cc.ClusterSlots(context.Background()).Result()
+	require.NoError(t, err, "CLUSTER SLOTS")
+	p := &keyPlacement{cc: cc, slots: slots, masters: map[string]*redis.Client{}}
+	for _, s := range slots {
+		require.NotEmpty(t, s.Nodes, "CLUSTER SLOTS: slots %d-%d must have a master", s.Start, s.End)
+		addr := s.Nodes[0].Addr
+		if p.masters[addr] == nil {
+			rdb := redis.NewClient(&redis.Options{Addr: addr})
+			t.Cleanup(func() { rdb.Close() })
+			p.masters[addr] = rdb
+		}
+	}
+	require.Len(t, p.masters, 3, "the test cluster must have 3 masters")
+	return p
+}
+
+// master returns the address of the master serving the Redis key redisKey.
+func (p *keyPlacement) master(t *testing.T, redisKey string) string {
+	t.Helper()
+	slot, err := p.cc.ClusterKeySlot(context.Background(), redisKey).Result()
+	require.NoError(t, err, "CLUSTER KEYSLOT %s", redisKey)
+	for _, s := range p.slots {
+		if int64(s.Start) <= slot && slot <= int64(s.End) {
+			return s.Nodes[0].Addr
+		}
+	}
+	require.FailNow(t, "slot not covered", "CLUSTER SLOTS covers no range with slot %d of %s", slot, redisKey)
+	return ""
+}
+
+// TestClusterExactLimitPerKey: through one ClusterClient, 60 keys spread over
+// the 3 masters, each asked limit+3 times (keys concurrently, each key's
+// calls in order), and every key grants exactly its first limit calls. Each
+// key's state lives, with a TTL, on the master that serves its slot.
+func TestClusterExactLimitPerKey(t *testing.T) {
+	const (
+		keyCount = 60
+		limit    = 5
+		attempts = limit + 3
+	)
+	ctx := context.Background()
+	cc := dialCluster(t)
+	placement := newKeyPlacement(t, cc)
+	for _, alg := range noRefillAlgorithms() {
+		t.Run(alg.name, func(t *testing.T) {
+			l, err := alg.make(cc, limit)
+			require.NoError(t, err, "constructing %s on a ClusterClient", alg.name)
+
+			keys := make([]string, keyCount)
+			keyMaster := make([]string, keyCount)
+			perMaster := map[string]int{}
+			for i := range keys {
+				keys[i] = fmt.Sprintf("%s:user:%d", t.Name(), i)
+				keyMaster[i] = placement.master(t, alg.prefix+keys[i])
+				perMaster[keyMaster[i]]++
+				require.NoError(t, l.Reset(ctx, keys[i]), "resetting %q before the test", keys[i])
+			}
+			require.Len(t, perMaster, 3, "the %d keys must land on all 3 masters, got %v", keyCount, perMaster)
+
+			results := make([][]attempt, keyCount)
+			var wg sync.WaitGroup
+			for i, key := range keys {
+				wg.Go(func() {
+					for range attempts {
+						r, err := l.Allow(ctx, key)
+						results[i] = append(results[i], attempt{n: 1, result: r, err: err})
+					}
+				})
+			}
+			wg.Wait()
+
+			for i, key := range keys {
+				for j, c := range results[i] {
+					require.NoError(t, c.err, "key %q (master %s) call %d: every call must be decided", key, keyMaster[i], j)
+					require.Equal(t, j < limit, c.result.Allowed, "key %q (master %s) call %d: exactly the first %d calls are allowed", key, keyMaster[i], j, limit)
+					require.Equal(t, max(limit-j-1, 0), c.result.Remaining, "key %q call %d: Remaining counts down to 0", key, j)
+				}
+				redisKey := alg.prefix + key
+				ttl, err := placement.masters[keyMaster[i]].PTTL(ctx, redisKey).Result()
+				require.NoError(t, err, "PTTL %s on its master %s", redisKey, keyMaster[i])
+				require.Positive(t, ttl, "%s must exist on master %s, with a TTL", redisKey, keyMaster[i])
+			}
+		})
+	}
+}
+
+// scriptCalls records the scripting commands a ClusterClient sends: for
+// EVAL and EVALSHA the key and whether the server answered NOSCRIPT.
+type scriptCalls struct {
+	mu    sync.Mutex
+	calls []scriptCall
+}
+
+type scriptCall struct {
+	name     string // "eval", "evalsha", "script", ...
+	key      string // KEYS[1] of an EVAL or EVALSHA
+	noScript bool
+}
+
+func (s *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (s *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (s *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		name := cmd.Name()
+		if !strings.HasPrefix(name, "eval") && name != "script" {
+			return err
+		}
+		c := scriptCall{name: name, noScript: err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")}
+		if args := cmd.Args(); strings.HasPrefix(name, "eval") && len(args) > 3 {
+			c.key, _ = args[3].(string)
+		}
+		s.mu.Lock()
+		s.calls = append(s.calls, c)
+		s.mu.Unlock()
+		return err
+	}
+}
+
+// take returns the calls recorded so far and forgets them.
+func (s *scriptCalls) take() []scriptCall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	calls := s.calls
+	s.calls = nil
+	return calls
+}
+
+// TestClusterScriptFlush: with the script cache of every master flushed
+// before each round, each call still gets its decision: EVALSHA meets
+// NOSCRIPT on each node, EVAL runs the script there and caches it, and the
+// next key on that node runs EVALSHA again. No SCRIPT command is ever sent.
+func TestClusterScriptFlush(t *testing.T) {
+	const (
+		limit         = 3
+		rounds        = limit + 1 // the last round is denied
+		keysPerMaster = 2
+	)
+	ctx := context.Background()
+	redistest.ClusterAddrs(t) // skip once, not per algorithm, without a cluster
+	for _, alg := range noRefillAlgorithms() {
+		t.Run(alg.name, func(t *testing.T) {
+			cc := dialCluster(t) // its own, so the hook below sees only this subtest
+			placement := newKeyPlacement(t, cc)
+			l, err := alg.make(cc, limit)
+			require.NoError(t, err, "constructing %s on a ClusterClient", alg.name)
+
+			var keys []string
+			keyMaster := map[string]string{} // Redis key -> master
+			perMaster := map[string]int{}
+			for i := 0; len(keys) < 3*keysPerMaster; i++ {
+				require.Less(t, i, 1000, "no keys found for every master: %v", perMaster)
+				key := fmt.Sprintf("%s:user:%d", t.Name(), i)
+				master := placement.master(t, alg.prefix+key)
+				if perMaster[master] == keysPerMaster {
+					continue
+				}
+				perMaster[master]++
+				keys = append(keys, key)
+				keyMaster[alg.prefix+key] = master
+				require.NoError(t, l.Reset(ctx, key), "resetting %q before the test", key)
+			}
+
+			log := &scriptCalls{}
+			cc.AddHook(log)
+			for round := range rounds {
+				err := cc.ForEachMaster(ctx, func(ctx context.Context, master *redis.Client) error {
+					return master.ScriptFlush(ctx).Err()
+				})
+				require.NoError(t, err, "round %d: SCRIPT FLUSH on every master", round)
+				log.take()
+
+				for _, key := range keys {
+					r, err := l.Allow(ctx, key)
+					require.NoError(t, err, "round %d key %q: a flushed script cache must fall back to EVAL, not fail", round, key)
+					require.Equal(t, round < limit, r.Allowed, "round %d key %q: the first %d rounds are allowed, then denied", round, key, limit)
+				}
+
+				type counts struct{ evalSHA, noScript, eval int }
+				got := map[string]counts{}
+				for _, c := range log.take() {
+					master, ok := keyMaster[c.key]
+					require.True(t, ok, "round %d: %s of an unexpected key %q (only EVALSHA and EVAL of the test's keys are expected)", round, c.name, c.key)
+					n := got[master]
+					switch c.name {
+					case "evalsha":
+						n.evalSHA++
+						if c.noScript {
+							n.noScript++
+						}
+					case "eval":
+						n.eval++
+					}
+					got[master] = n
+				}
+				want := map[string]counts{}
+				for master := range perMaster {
+					want[master] = counts{evalSHA: keysPerMaster, noScript: 1, eval: 1}
+				}
+				require.Equal(t, want, got,
+					"round %d: per master, every call tries EVALSHA once, the first meets NOSCRIPT and falls back to one EVAL", round)
+			}
+		})
+	}
+}
