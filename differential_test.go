@@ -190,3 +190,46 @@ func TestLeakyAndTokenBucketAgree(t *testing.T) {
 		}
 	})
 }
+
+// TestRetryAfterIsExact checks RetryAfter by behaviour on every script: after
+// a denial, the same request is still denied 1µs before RetryAfter has
+// passed and allowed once it has. A denial consumes nothing, so the probe
+// does not disturb the trace.
+func TestRetryAfterIsExact(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		rng := rand.New(rand.NewPCG(42, 0))
+		for _, dc := range randomDiffCases(rng) {
+			t.Run(dc.name, func(t *testing.T) {
+				clock := &fakeClock{now: epoch}
+				prefix := "retry:" + dc.name + ":"
+				l, err := dc.make(b.rdb, WithClock(clock.Now), WithPrefix(prefix))
+				require.NoError(t, err)
+				probes := 0
+				for i := 0; probes < 40 && i < 5000; i++ {
+					clock.Advance(timeStep(rng, dc.scale) / 4)
+					n := 1 + rng.IntN(2)
+					r, err := l.AllowN(ctx, "k", n)
+					require.NoError(t, err)
+					if r.Allowed || r.RetryAfter == Never {
+						continue
+					}
+					probes++
+					start := clock.now
+					clock.now = start.Add(r.RetryAfter - us)
+					early, err := l.AllowN(ctx, "k", n)
+					require.NoError(t, err)
+					require.False(t, early.Allowed, "step %d: denied with RetryAfter %v, but allowed 1µs before it", i, r.RetryAfter)
+					clock.now = start.Add(r.RetryAfter)
+					onTime, err := l.AllowN(ctx, "k", n)
+					require.NoError(t, err)
+					require.True(t, onTime.Allowed, "step %d: denied with RetryAfter %v, still denied after it (%+v)", i, r.RetryAfter, onTime)
+					if b.mini == nil {
+						require.NoError(t, b.rdb.Persist(ctx, prefix+"k").Err())
+					}
+				}
+				require.Greater(t, probes, 10, "the trace should deny often enough to probe")
+			})
+		}
+	})
+}
