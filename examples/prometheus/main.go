@@ -1,0 +1,196 @@
+// Command prometheus exports redlimit decisions as Prometheus metrics,
+// from redlimit.WithObserver: decisions counted by algorithm and outcome
+// (allowed, denied, error), and their latency as a histogram per algorithm,
+// with deny-cache answers apart from Redis round trips.
+//
+//	cd examples/prometheus && go run .            # serves http://127.0.0.1:2112/metrics
+//	cd examples/prometheus && go run . -once      # prints the metrics once and exits
+//
+// It runs every algorithm against some generated traffic, on the Redis at
+// REDIS_ADDR when that is set and on an embedded miniredis otherwise. This
+// directory is its own Go module, so that redlimit itself does not depend on
+// the Prometheus client.
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit"
+)
+
+// Metrics turns redlimit decisions into Prometheus metrics. Its Observe
+// method is the observer: pass redlimit.WithObserver(m.Observe) to every
+// limiter. Keys are not a label: their number is unbounded.
+type Metrics struct {
+	decisions *prometheus.CounterVec
+	latency   *prometheus.HistogramVec
+}
+
+// NewMetrics registers the metrics with reg:
+//
+//	redlimit_decisions_total{algorithm, outcome="allowed"|"denied"|"error"}
+//	redlimit_decision_duration_seconds{algorithm, source="redis"|"deny_cache"}
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "redlimit",
+			Name:      "decisions_total",
+			Help:      "Rate limit calls by algorithm and outcome: allowed, denied, or error (no decision: Redis unreachable, timeout).",
+		}, []string{"algorithm", "outcome"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "redlimit",
+			Name:      "decision_duration_seconds",
+			Help:      "Time a rate limit call took, by algorithm and by who answered: Redis or the in-process deny cache.",
+			// From a deny-cache hit (about a microsecond) to a slow round trip.
+			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12),
+		}, []string{"algorithm", "source"}),
+	}
+	reg.MustRegister(m.decisions, m.latency)
+	return m
+}
+
+// Observe records one decision. It is safe for concurrent use, as
+// WithObserver requires.
+func (m *Metrics) Observe(d redlimit.Decision) {
+	outcome := "allowed"
+	switch {
+	case d.Err != nil:
+		outcome = "error"
+	case !d.Result.Allowed:
+		outcome = "denied"
+	}
+	m.decisions.WithLabelValues(d.Algorithm, outcome).Inc()
+	source := "redis"
+	if d.Local {
+		source = "deny_cache"
+	}
+	m.latency.WithLabelValues(d.Algorithm, source).Observe(d.Latency.Seconds())
+}
+
+func main() {
+	addr := flag.String("addr", "127.0.0.1:2112", "serve /metrics on this address")
+	once := flag.Bool("once", false, "generate some traffic, print the redlimit metrics and exit")
+	flag.Parse()
+
+	var mr *miniredis.Miniredis
+	redisAddr := os.Getenv("REDIS_ADDR")
+	if redisAddr == "" {
+		var err error
+		mr, err = miniredis.Run()
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer mr.Close()
+		redisAddr = mr.Addr()
+		log.Println("REDIS_ADDR not set: using an embedded miniredis at", redisAddr)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+	defer rdb.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	metrics := NewMetrics(reg)
+	limiters, err := newLimiters(rdb, redlimit.WithObserver(metrics.Observe))
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+
+	if *once {
+		traffic(context.Background(), limiters, 300)
+		if mr != nil {
+			// A short outage: outcome="error".
+			mr.SetError("ERR simulated outage")
+			traffic(context.Background(), limiters, 2)
+			mr.SetError("")
+		}
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		printRedlimitLines(rec.Body.String())
+		return
+	}
+
+	go func() {
+		for {
+			traffic(context.Background(), limiters, 50)
+			time.Sleep(time.Second)
+		}
+	}()
+	log.Printf("serving http://%s/metrics", *addr)
+	srv := &http.Server{Addr: *addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	log.Fatal(srv.ListenAndServe())
+}
+
+// newLimiters returns one limiter of each algorithm, all at about 10
+// requests per second, with opts.
+func newLimiters(rdb redis.Scripter, opts ...redlimit.Option) ([]redlimit.Limiter, error) {
+	withDenyCache := append([]redlimit.Option{redlimit.WithDenyCache(1024)}, opts...)
+	var limiters []redlimit.Limiter
+	for _, build := range []func() (redlimit.Limiter, error){
+		func() (redlimit.Limiter, error) { return redlimit.NewFixedWindow(rdb, 10, time.Second, opts...) },
+		func() (redlimit.Limiter, error) {
+			return redlimit.NewSlidingWindow(rdb, 10, time.Second, 100*time.Millisecond, opts...)
+		},
+		func() (redlimit.Limiter, error) {
+			return redlimit.NewSlidingLog(rdb, 100*time.Millisecond, []redlimit.Strategy{
+				{Limit: 10, Window: time.Second}, {Limit: 300, Window: time.Minute},
+			}, opts...)
+		},
+		func() (redlimit.Limiter, error) {
+			return redlimit.NewLeakyBucket(rdb, 10, redlimit.PerSecond(10), opts...)
+		},
+		// The deny cache answers repeated denials without a round trip:
+		// see source="deny_cache" in the histogram.
+		func() (redlimit.Limiter, error) {
+			return redlimit.NewTokenBucket(rdb, 10, redlimit.PerSecond(10), withDenyCache...)
+		},
+	} {
+		l, err := build()
+		if err != nil {
+			return nil, err
+		}
+		limiters = append(limiters, l)
+	}
+	return limiters, nil
+}
+
+// traffic sends n requests from a few clients to every limiter, as fast as
+// it can: most are denied.
+func traffic(ctx context.Context, limiters []redlimit.Limiter, n int) {
+	for i := range n {
+		key := fmt.Sprintf("client:%d", i%3)
+		for _, l := range limiters {
+			ctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			l.TryAcquire(ctx, key) // the observer sees the outcome
+			cancel()
+		}
+	}
+}
+
+// printRedlimitLines prints the samples of the redlimit_ metrics, without
+// the histogram buckets.
+func printRedlimitLines(exposition string) {
+	sc := bufio.NewScanner(strings.NewReader(exposition))
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "redlimit_") && !strings.Contains(line, "_bucket{") {
+			fmt.Println(line)
+		}
+	}
+}

@@ -1,0 +1,138 @@
+package httplimit_test
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/httplimit"
+	"github.com/redlimit/redlimit/redlimittest"
+)
+
+// newRedis returns an embedded miniredis with a fake clock, so that the
+// examples' output is exact. A service passes its own *redis.Client (or
+// *redis.ClusterClient) and no clock options.
+func newRedis() *redlimittest.Env {
+	env, err := redlimittest.Run()
+	if err != nil {
+		panic(err)
+	}
+	return env
+}
+
+func ExampleMiddleware() {
+	env := newRedis()
+	defer env.Close()
+
+	// 2 requests per minute per client IP.
+	limiter, err := redlimit.NewFixedWindow(env.Client(), 2, time.Minute, env.Options()...)
+	if err != nil {
+		panic(err)
+	}
+	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "hello")
+	})
+	mux := http.NewServeMux()
+	mux.Handle("/", httplimit.Middleware(limiter, httplimit.WithWindow(time.Minute))(hello))
+
+	for i := 0; i < 3; i++ {
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		fmt.Printf("%d RateLimit-Policy: %s RateLimit: %s Retry-After: %q\n",
+			rec.Code, rec.Header().Get("RateLimit-Policy"), rec.Header().Get("RateLimit"), rec.Header().Get("Retry-After"))
+	}
+	// Output:
+	// 200 RateLimit-Policy: "default";q=2;w=60 RateLimit: "default";r=1;t=60 Retry-After: ""
+	// 200 RateLimit-Policy: "default";q=2;w=60 RateLimit: "default";r=0;t=60 Retry-After: ""
+	// 429 RateLimit-Policy: "default";q=2;w=60 RateLimit: "default";r=0;t=60 Retry-After: "60"
+}
+
+// Behind a load balancer every connection comes from the balancer: trust
+// its network, and the client is read from X-Forwarded-For, right to left.
+func ExampleClientIP() {
+	key := httplimit.ClientIP(netip.MustParsePrefix("10.0.0.0/8"))
+
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	req.RemoteAddr = "10.0.0.5:41000" // the load balancer
+	// The client sent the first entry itself; the balancer appended the
+	// address it saw.
+	req.Header.Set("X-Forwarded-For", "1.2.3.4, 203.0.113.7")
+	fmt.Println(key(req))
+
+	req.RemoteAddr = "198.51.100.1:5000" // not a trusted proxy: headers ignored
+	fmt.Println(key(req))
+	// Output:
+	// 203.0.113.7 <nil>
+	// 198.51.100.1 <nil>
+}
+
+// An upload limit in bytes: each request costs its Content-Length. A body
+// larger than the whole budget can never pass and is answered 413.
+func ExampleWithCost() {
+	env := newRedis()
+	defer env.Close()
+
+	// 1 MB per hour per API key, refilled continuously.
+	limiter, err := redlimit.NewTokenBucket(env.Client(), 1_000_000, redlimit.PerHour(1_000_000), env.Options()...)
+	if err != nil {
+		panic(err)
+	}
+	upload := httplimit.Middleware(limiter,
+		httplimit.WithKeyFunc(httplimit.Header("X-API-Key")),
+		httplimit.WithCost(func(r *http.Request) int { return int(max(r.ContentLength, 0)) }),
+		httplimit.WithQuotaUnit("content-bytes"),
+		httplimit.WithWindow(time.Hour),
+	)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+
+	for _, size := range []int{600_000, 600_000, 2_000_000} {
+		req := httptest.NewRequest(http.MethodPost, "/upload", strings.NewReader(strings.Repeat("x", size)))
+		req.Header.Set("X-API-Key", "k-123")
+		rec := httptest.NewRecorder()
+		upload.ServeHTTP(rec, req)
+		fmt.Println(size, rec.Code, rec.Header().Get("RateLimit"))
+	}
+	fmt.Println(func() string {
+		rec := httptest.NewRecorder()
+		upload.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/upload", nil))
+		return fmt.Sprint("no key: ", rec.Code)
+	}())
+	// Output:
+	// 600000 200 "default";r=400000;t=2160
+	// 600000 429 "default";r=400000;t=2160
+	// 2000000 413 "default";r=400000;t=2160
+	// no key: 500
+}
+
+// Without Redis, requests go through (fail open) unless WithFailClosed asks
+// for 503. Either way WithOnError hears of it.
+func ExampleWithFailClosed() {
+	env := newRedis()
+	defer env.Close()
+	limiter, err := redlimit.NewTokenBucket(env.Client(), 10, redlimit.PerSecond(10), env.Options()...)
+	if err != nil {
+		panic(err)
+	}
+	logError := httplimit.WithOnError(func(r *http.Request, err error) {
+		fmt.Println("told: no decision:", errors.Is(err, httplimit.ErrNoDecision))
+	})
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	open := httplimit.Middleware(limiter, logError)(ok)
+	closed := httplimit.Middleware(limiter, logError, httplimit.WithFailClosed())(ok)
+
+	env.Server().SetError("ERR simulated outage")
+	for _, h := range []http.Handler{open, closed} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		fmt.Println(rec.Code)
+	}
+	// Output:
+	// told: no decision: true
+	// 200
+	// told: no decision: true
+	// 503
+}
