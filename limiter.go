@@ -22,6 +22,7 @@ import (
 	"context"
 	"embed"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -152,12 +153,16 @@ func WithClock(now func() time.Time) Option {
 }
 
 // WithDenyCache keeps up to size recent denials in process. While a denial's
-// RetryAfter has not passed, a new request on that key for at least as many
-// permits is denied locally, without a round trip (Decision.Local is set).
-// This is exact for every algorithm here, since state only recovers with
-// time, except after a Reset from another process. A locally denied Result
-// carries the Remaining of the cached denial. size <= 0 is ErrInvalidConfig.
-// Default: off.
+// RetryAfter has not passed, the same request on that key is denied locally,
+// without a round trip (Decision.Local is set), and so is one for more
+// permits than the capacity (RetryAfter == Never). This is exact for every
+// algorithm here, since state only recovers with time, except after a Reset
+// from another process. A request for more permits than the cached denial,
+// though denied too, goes to Redis: only Redis knows its longer RetryAfter.
+// An allowed request, a Reset through this limiter, or a clock that went
+// back drops the key's entry; when full, the oldest stored entry goes. A
+// locally denied Result carries the Remaining of the cached denial. size <=
+// 0 is ErrInvalidConfig. Default: off.
 func WithDenyCache(size int) Option {
 	return func(o *options) { o.denyCache, o.denyCacheSet = size, true }
 }
@@ -236,6 +241,7 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 		Policies:  len(s.limits),
 		Clock:     o.clock,
 		DenyCache: o.denyCache,
+		Capacity:  slices.Min(s.limits),
 	}
 	if fn := o.observer; fn != nil {
 		cfg.Observe = func(ev engine.Event) {

@@ -7,27 +7,36 @@ import (
 )
 
 // denyCache remembers recent denials in process. State in Redis only
-// recovers with time, so while a denial's RetryAfter has not passed, a new
-// request for at least as many permits would be denied too: it can be
-// answered here without a round trip. Only a Reset from another process
-// breaks that, and only until the entry runs out.
+// recovers with time, so while a denial's RetryAfter has not passed, the
+// same request would be denied too: it can be answered here without a round
+// trip. Only a Reset from another process breaks that, and only until the
+// entry runs out.
+//
+// A request for more permits than the cached denial is denied too, but its
+// RetryAfter is longer and unknown here; rather than report a wait shorter
+// than the truth, it goes to Redis, unless it exceeds the capacity, where
+// the answer is Never whatever the state.
 type denyCache struct {
-	mu      sync.Mutex
-	size    int
-	entries map[string]*list.Element // key -> element holding *denial
-	lru     list.List                // front: most recently stored
+	mu       sync.Mutex
+	size     int
+	capacity int                      // requests above it can never be allowed
+	entries  map[string]*list.Element // key -> element holding *denial
+	lru      list.List                // front: most recently stored
+	// generation counts Resets: a denial decided before one is stale.
+	generation uint64
 }
 
 type denial struct {
 	key     string
 	n       int
+	at      time.Time // when it was decided, on the limiter's clock
 	until   time.Time // when the denial's RetryAfter passes
 	resetAt time.Time
 	reply   Reply
 }
 
-func newDenyCache(size int) *denyCache {
-	c := &denyCache{size: size, entries: make(map[string]*list.Element, size)}
+func newDenyCache(size, capacity int) *denyCache {
+	c := &denyCache{size: size, capacity: capacity, entries: make(map[string]*list.Element)}
 	c.lru.Init()
 	return c
 }
@@ -42,50 +51,78 @@ func (c *denyCache) lookup(key string, n int, now time.Time) (Reply, bool) {
 		return Reply{}, false
 	}
 	d := el.Value.(*denial)
-	if !now.Before(d.until) {
-		c.lru.Remove(el)
-		delete(c.entries, key)
-		return Reply{}, false
-	}
-	if n < d.n {
+	if !now.Before(d.until) || now.Before(d.at) {
+		// Run out, or the clock went back: the limiter clamps its state
+		// then, and the cache must not hold the key longer than it would.
+		c.remove(el)
 		return Reply{}, false
 	}
 	r := d.reply
-	r.RetryAfter = ceilMicro(d.until.Sub(now))
-	r.ResetAfter = max(ceilMicro(d.resetAt.Sub(now)), r.RetryAfter)
+	switch {
+	case n == d.n:
+		r.RetryAfter = ceilMicro(d.until.Sub(now))
+	case n > c.capacity:
+		r.RetryAfter = Never
+	default:
+		return Reply{}, false
+	}
+	r.ResetAfter = ceilMicro(d.resetAt.Sub(now))
+	if r.RetryAfter > r.ResetAfter {
+		r.ResetAfter = r.RetryAfter
+	}
 	return r, true
 }
 
-// store records a denial of n permits decided at now. Denials that can never
-// be allowed carry no time to wait and are not cached.
-func (c *denyCache) store(key string, n int, r Reply, now time.Time) {
-	if r.Allowed || r.RetryAfter <= 0 {
-		return
-	}
-	d := &denial{key: key, n: n, until: now.Add(r.RetryAfter), resetAt: now.Add(r.ResetAfter), reply: r}
+// begin returns the generation a decision starts in, to pass to store.
+func (c *denyCache) begin() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.generation
+}
+
+// store records the outcome of a request of n permits decided at now, begun
+// in generation gen. A denial is kept; an allowed request drops the key's
+// denial, whose RetryAfter it has just made too short. Denials that can never
+// be allowed carry no time to wait and are not kept, nor are denials begun
+// before a Reset.
+func (c *denyCache) store(key string, n int, r Reply, now time.Time, gen uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r.Allowed {
+		if el, ok := c.entries[key]; ok && n > 0 {
+			c.remove(el)
+		}
+		return
+	}
+	if r.RetryAfter <= 0 || gen != c.generation {
+		return
+	}
+	d := &denial{key: key, n: n, at: now, until: now.Add(r.RetryAfter), resetAt: now.Add(r.ResetAfter), reply: r}
 	if el, ok := c.entries[key]; ok {
 		el.Value = d
 		c.lru.MoveToFront(el)
 		return
 	}
 	if c.lru.Len() >= c.size {
-		oldest := c.lru.Back()
-		c.lru.Remove(oldest)
-		delete(c.entries, oldest.Value.(*denial).key)
+		c.remove(c.lru.Back())
 	}
 	c.entries[key] = c.lru.PushFront(d)
 }
 
-// forget drops key's denial, after a Reset.
+// forget drops key's denial, after a Reset, and makes denials still in
+// flight stale.
 func (c *denyCache) forget(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.generation++
 	if el, ok := c.entries[key]; ok {
-		c.lru.Remove(el)
-		delete(c.entries, key)
+		c.remove(el)
 	}
+}
+
+func (c *denyCache) remove(el *list.Element) {
+	c.lru.Remove(el)
+	delete(c.entries, el.Value.(*denial).key)
 }
 
 // ceilMicro rounds d up to a whole microsecond, so that a caller who waits

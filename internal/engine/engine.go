@@ -17,6 +17,7 @@ type Config struct {
 	Policies  int           // how many limits a reply's strategy index may name (1 but for the sliding log)
 	Clock     func() time.Time
 	DenyCache int // entries; 0 = off
+	Capacity  int // the most permits one request can ever get (the smallest limit)
 	Observe   func(Event)
 }
 
@@ -60,7 +61,7 @@ func New(rdb redis.Scripter, cfg Config) *Engine {
 		observe:   cfg.Observe,
 	}
 	if cfg.DenyCache > 0 {
-		e.cache = newDenyCache(cfg.DenyCache)
+		e.cache = newDenyCache(cfg.DenyCache, cfg.Capacity)
 	}
 	return e
 }
@@ -95,6 +96,7 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 		}
 		nowArg = us
 	}
+	var generation uint64
 	if e.cache != nil {
 		if now.IsZero() {
 			// Taken before the round trip, so a cached denial runs out no
@@ -104,6 +106,7 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 		if r, ok := e.cache.lookup(key, n, now); ok {
 			return r, true, nil
 		}
+		generation = e.cache.begin()
 	}
 	args := make([]any, 2+len(e.args))
 	args[0], args[1] = nowArg, n
@@ -119,8 +122,8 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 	if err != nil {
 		return Reply{}, false, fmt.Errorf("redlimit: %s: %w", e.algorithm, err)
 	}
-	if e.cache != nil && !r.Allowed {
-		e.cache.store(key, n, r, now)
+	if e.cache != nil {
+		e.cache.store(key, n, r, now, generation)
 	}
 	return r, false, nil
 }

@@ -52,7 +52,8 @@ func ParseReply(v any) (Reply, error) {
 			x = x*10 + int64(s[i]-'0')
 			i++
 		}
-		if i == start {
+		if i == start || (s[start] == '0' && (i-start > 1 || neg)) {
+			// Scripts write integers canonically: no leading zero, no -0.
 			return Reply{}, fmt.Errorf("redlimit: malformed script reply %q: field %d is not a number", s, f+1)
 		}
 		if neg {

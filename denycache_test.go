@@ -1,0 +1,410 @@
+package redlimit
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// threePermitAlgorithms are the five algorithms, each granting 3 permits per
+// 10s, with Algorithm names as observers see them. Periods of seconds keep
+// the TTLs a real server counts in real time far longer than a test runs, so
+// that with a fake clock no key expires under a test.
+var threePermitAlgorithms = []algorithm{
+	{name: "fixed_window", make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+		return NewFixedWindow(rdb, 3, 10*time.Second, opts...)
+	}},
+	{name: "sliding_window", make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+		return NewSlidingWindow(rdb, 3, 10*time.Second, time.Second, opts...)
+	}},
+	{name: "sliding_log", make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+		return NewSlidingLog(rdb, time.Second, []Strategy{{Limit: 3, Window: 10 * time.Second}, {Limit: 6, Window: 100 * time.Second}}, opts...)
+	}},
+	{name: "leaky_bucket", make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+		return NewLeakyBucket(rdb, 3, Rate{Count: 3, Per: 10 * time.Second}, opts...)
+	}},
+	{name: "token_bucket", make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+		return NewTokenBucket(rdb, 3, Rate{Count: 3, Per: 10 * time.Second}, opts...)
+	}},
+}
+
+// evalCounter is a go-redis hook that counts the decisions that reached
+// Redis, by Redis key: EVALSHA and EVAL commands carrying ARGV (Reset's
+// script has none). A NOSCRIPT answer is not counted, so that the EVAL it is
+// followed by makes one decision, one count.
+type evalCounter struct {
+	mu    sync.Mutex
+	byKey map[string]int
+}
+
+func newEvalCounter() *evalCounter { return &evalCounter{byKey: map[string]int{}} }
+
+func (c *evalCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *evalCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (c *evalCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if key, ok := decisionKey(cmd); ok && !redis.HasErrorPrefix(err, "NOSCRIPT") {
+			c.mu.Lock()
+			c.byKey[key]++
+			c.mu.Unlock()
+		}
+		return err
+	}
+}
+
+// calls returns how many decisions on the Redis key reached Redis.
+func (c *evalCounter) calls(key string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.byKey[key]
+}
+
+// decisionKey returns the Redis key of a decision script command: EVALSHA
+// or EVAL, sha or source, numkeys, key, ARGV...
+func decisionKey(cmd redis.Cmder) (string, bool) {
+	args := cmd.Args()
+	if name := cmd.Name(); (name != "evalsha" && name != "eval") || len(args) <= 4 {
+		return "", false
+	}
+	return fmt.Sprint(args[3]), true
+}
+
+// cachePair is a limiter with a deny cache and the same limiter without,
+// on one backend and one fake clock, each on its own Redis keys: the
+// uncached one tells the truth the cached one must agree with.
+type cachePair struct {
+	cached, plain Limiter
+	clock         *fakeClock
+	counter       *evalCounter
+
+	mu   sync.Mutex
+	last Decision // the cached limiter's latest decision
+}
+
+const (
+	cachedPrefix = "cached:"
+	plainPrefix  = "plain:"
+)
+
+func newCachePair(t *testing.T, b backend, alg algorithm, size int) *cachePair {
+	t.Helper()
+	p := &cachePair{clock: &fakeClock{now: epoch}, counter: newEvalCounter()}
+	b.rdb.AddHook(p.counter)
+	var err error
+	p.cached, err = alg.make(b.rdb, WithClock(p.clock.Now), WithPrefix(cachedPrefix), WithDenyCache(size),
+		WithObserver(func(d Decision) {
+			p.mu.Lock()
+			p.last = d
+			p.mu.Unlock()
+		}))
+	require.NoError(t, err, "build the cached %s", alg.name)
+	p.plain, err = alg.make(b.rdb, WithClock(p.clock.Now), WithPrefix(plainPrefix))
+	require.NoError(t, err, "build the uncached %s", alg.name)
+	return p
+}
+
+// outcome is one call on the cached limiter, next to the truth.
+type outcome struct {
+	got, truth Result
+	redis      bool // the cached limiter's call reached Redis
+}
+
+// call asks both limiters for n permits on key and checks that the cached
+// limiter decided as the uncached one did, with a RetryAfter never shorter
+// than the truth, and that Decision.Local is set exactly when no round trip
+// was made.
+func (p *cachePair) call(t *testing.T, key string, n int, what string) outcome {
+	t.Helper()
+	ctx := context.Background()
+	before := p.counter.calls(cachedPrefix + key)
+	got, err := p.cached.AllowN(ctx, key, n)
+	require.NoError(t, err, "%s: cached AllowN(%q, %d)", what, key, n)
+	reached := p.counter.calls(cachedPrefix+key) - before
+	truth, err := p.plain.AllowN(ctx, key, n)
+	require.NoError(t, err, "%s: uncached AllowN(%q, %d)", what, key, n)
+
+	require.LessOrEqual(t, reached, 1, "%s: one call makes at most one round trip", what)
+	p.mu.Lock()
+	last := p.last
+	p.mu.Unlock()
+	require.Equal(t, reached == 0, last.Local, "%s: Decision.Local should be set exactly when the deny cache answered (round trips: %d)", what, reached)
+	requireAsTruthful(t, got, truth, what)
+	return outcome{got: got, truth: truth, redis: reached == 1}
+}
+
+// requireAsTruthful checks a deny cache's Result against the uncached truth:
+// the same decision, and a RetryAfter that never sends a caller back early.
+func requireAsTruthful(t *testing.T, got, truth Result, what string) {
+	t.Helper()
+	require.Equal(t, truth.Allowed, got.Allowed, "%s: the cached limiter should decide as the uncached one (got %+v, truth %+v)", what, got, truth)
+	if truth.RetryAfter == Never {
+		require.Equal(t, Never, got.RetryAfter, "%s: a request that can never be allowed should say RetryAfter == Never (got %+v, truth %+v)", what, got, truth)
+		return
+	}
+	require.GreaterOrEqual(t, got.RetryAfter, truth.RetryAfter, "%s: RetryAfter should never be shorter than the truth (got %+v, truth %+v)", what, got, truth)
+}
+
+func forEachCacheAlgorithm(t *testing.T, fn func(t *testing.T, b backend, alg algorithm)) {
+	t.Helper()
+	for _, alg := range threePermitAlgorithms {
+		t.Run(alg.name, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, b backend) { fn(t, b, alg) })
+		})
+	}
+}
+
+func TestDenyCacheHotKey(t *testing.T) {
+	forEachCacheAlgorithm(t, func(t *testing.T, b backend, alg algorithm) {
+		p := newCachePair(t, b, alg, 16)
+		first := p.call(t, "hot", 3, "exhaust at once")
+		require.True(t, first.truth.Allowed && first.redis, "3 permits should be granted by Redis")
+
+		// 1000 denials within one RetryAfter: one round trip.
+		var last outcome
+		for i := range 1000 {
+			p.clock.Advance(100 * time.Microsecond)
+			last = p.call(t, "hot", 1, fmt.Sprintf("denial %d", i))
+			require.False(t, last.truth.Allowed, "denial %d: the test wants a key denied throughout", i)
+			require.Equal(t, i == 0, last.redis, "denial %d: only the first denial should reach Redis", i)
+		}
+		require.Equal(t, 2, p.counter.calls(cachedPrefix+"hot"), "1 grant + 1000 denials within one RetryAfter should cost 2 round trips")
+		require.Equal(t, 1001, p.counter.calls(plainPrefix+"hot"), "the uncached limiter makes one round trip per call")
+
+		// A microsecond before RetryAfter passes the cache still answers;
+		// once it has passed, the request goes to Redis and is allowed.
+		p.clock.Advance(last.got.RetryAfter - time.Microsecond)
+		early := p.call(t, "hot", 1, "a µs before RetryAfter passes")
+		require.False(t, early.redis, "a µs before RetryAfter passes the cache should answer")
+		require.Equal(t, time.Microsecond, early.got.RetryAfter, "a µs before RetryAfter passes")
+		p.clock.Advance(time.Microsecond)
+		due := p.call(t, "hot", 1, "when RetryAfter has passed")
+		require.True(t, due.redis, "once RetryAfter has passed the request should go to Redis")
+		require.True(t, due.got.Allowed, "a caller who waited RetryAfter should be allowed")
+
+		// A long abuse: a call every 250ms for 50s of fake time.
+		cachedBefore, plainBefore := p.counter.calls(cachedPrefix+"hot"), p.counter.calls(plainPrefix+"hot")
+		allowed := 0
+		for i := range 200 {
+			p.clock.Advance(250 * time.Millisecond)
+			if p.call(t, "hot", 1, fmt.Sprintf("abuse call %d", i)).got.Allowed {
+				allowed++
+			}
+		}
+		cachedCalls := p.counter.calls(cachedPrefix+"hot") - cachedBefore
+		plainCalls := p.counter.calls(plainPrefix+"hot") - plainBefore
+		require.Equal(t, 200, plainCalls, "the uncached limiter makes one round trip per call")
+		t.Logf("abuse: %d grants; round trips: %d cached, %d uncached", allowed, cachedCalls, plainCalls)
+		// Every grant costs a round trip, and so does the first denial after it.
+		require.LessOrEqual(t, cachedCalls, 2*allowed+1, "under abuse Redis should see about one call per grant and one per denial period (%d grants)", allowed)
+	})
+}
+
+func TestDenyCacheFewerPermitsGoToRedis(t *testing.T) {
+	forEachCacheAlgorithm(t, func(t *testing.T, b backend, alg algorithm) {
+		p := newCachePair(t, b, alg, 16)
+		p.call(t, "k", 2, "take 2 of 3")
+		p.clock.Advance(time.Millisecond)
+		denial := p.call(t, "k", 2, "ask for 2 of the 1 left")
+		require.False(t, denial.got.Allowed, "2 of the 1 left should be denied")
+		require.True(t, denial.redis, "the first denial should come from Redis")
+		p.clock.Advance(time.Millisecond)
+		fewer := p.call(t, "k", 1, "ask for 1 while a denial of 2 is cached")
+		require.True(t, fewer.redis, "a request for fewer permits than the cached denial should go to Redis")
+		require.True(t, fewer.got.Allowed, "the 1 permit left should be granted")
+		zero := p.call(t, "k", 0, "n == 0 while a denial of 2 is cached")
+		require.True(t, zero.redis, "n == 0 should go to Redis")
+		require.True(t, zero.got.Allowed, "n == 0 is always allowed")
+	})
+}
+
+func TestDenyCacheAfterOwnGrant(t *testing.T) {
+	// A denial of 2 is cached; a request for 1 then goes to Redis and is
+	// granted. The cached denial still denies rightly, but its RetryAfter
+	// was computed before that grant: it must not be reported as is.
+	forEachCacheAlgorithm(t, func(t *testing.T, b backend, alg algorithm) {
+		p := newCachePair(t, b, alg, 16)
+		p.call(t, "k", 2, "take 2 of 3")
+		p.clock.Advance(time.Millisecond)
+		p.call(t, "k", 2, "ask for 2 of the 1 left")
+		p.clock.Advance(time.Millisecond)
+		p.call(t, "k", 1, "take the last one")
+		p.clock.Advance(time.Millisecond)
+		p.call(t, "k", 2, "ask for 2 again, after the grant")
+	})
+}
+
+func TestDenyCacheLargerRequest(t *testing.T) {
+	// A denial of 1 is cached; a request for 2 is rightly denied locally,
+	// but must not be told it can retry when 1 permit would be back.
+	forEachCacheAlgorithm(t, func(t *testing.T, b backend, alg algorithm) {
+		p := newCachePair(t, b, alg, 16)
+		p.call(t, "k", 3, "exhaust")
+		p.clock.Advance(time.Millisecond)
+		p.call(t, "k", 1, "ask for 1")
+		p.clock.Advance(time.Millisecond)
+		p.call(t, "k", 2, "ask for 2 while a denial of 1 is cached")
+	})
+}
+
+func TestDenyCacheNever(t *testing.T) {
+	forEachCacheAlgorithm(t, func(t *testing.T, b backend, alg algorithm) {
+		t.Run("not cached", func(t *testing.T) {
+			p := newCachePair(t, b, alg, 16)
+			for i := range 3 {
+				o := p.call(t, "fresh", 4, fmt.Sprintf("ask a fresh key for 4 of 3, call %d", i))
+				require.Equal(t, Never, o.got.RetryAfter, "4 of 3 can never be allowed")
+				require.True(t, o.redis, "call %d: a Never denial should not be cached", i)
+			}
+		})
+		t.Run("after a cached denial", func(t *testing.T) {
+			p := newCachePair(t, b, alg, 16)
+			p.call(t, "k", 3, "exhaust")
+			p.clock.Advance(time.Millisecond)
+			p.call(t, "k", 1, "ask for 1")
+			p.clock.Advance(time.Millisecond)
+			p.call(t, "k", 4, "ask for 4 of 3 while a denial of 1 is cached")
+		})
+	})
+}
+
+func TestDenyCacheReset(t *testing.T) {
+	forEachCacheAlgorithm(t, func(t *testing.T, b backend, alg algorithm) {
+		p := newCachePair(t, b, alg, 16)
+		ctx := context.Background()
+		p.call(t, "k", 3, "exhaust")
+		p.clock.Advance(time.Millisecond)
+		p.call(t, "k", 1, "deny, and cache the denial")
+		require.NoError(t, p.cached.Reset(ctx, "k"), "Reset the cached limiter's key")
+		require.NoError(t, p.plain.Reset(ctx, "k"), "Reset the uncached limiter's key")
+		o := p.call(t, "k", 1, "ask for 1 after Reset")
+		require.True(t, o.redis, "after Reset the request should go to Redis")
+		require.True(t, o.got.Allowed, "after Reset the key is fresh: allowed")
+	})
+}
+
+// replyGate is a go-redis hook that, once armed, holds back the reply to the
+// next decision on one Redis key until released.
+type replyGate struct {
+	key     string
+	armed   atomic.Bool
+	replied chan struct{} // closed when the held reply has arrived
+	release chan struct{} // close to let it through
+}
+
+func (g *replyGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *replyGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (g *replyGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if key, ok := decisionKey(cmd); ok && key == g.key && err == nil && g.armed.CompareAndSwap(true, false) {
+			close(g.replied)
+			<-g.release
+		}
+		return err
+	}
+}
+
+func TestDenyCacheResetDuringDenial(t *testing.T) {
+	// A denial in flight when Reset runs was decided on the state Reset
+	// deleted: it must not be cached after Reset has returned.
+	forEachCacheAlgorithm(t, func(t *testing.T, b backend, alg algorithm) {
+		ctx := context.Background()
+		gate := &replyGate{key: cachedPrefix + "k", replied: make(chan struct{}), release: make(chan struct{})}
+		b.rdb.AddHook(gate)
+		var releaseOnce sync.Once
+		release := func() { releaseOnce.Do(func() { close(gate.release) }) }
+		t.Cleanup(release) // never leave the in-flight call blocked, even on failure
+		clock := &fakeClock{now: epoch}
+		l, err := alg.make(b.rdb, WithClock(clock.Now), WithPrefix(cachedPrefix), WithDenyCache(16))
+		require.NoError(t, err)
+		r, err := l.AllowN(ctx, "k", 3)
+		require.NoError(t, err)
+		require.True(t, r.Allowed, "exhaust the key")
+
+		gate.armed.Store(true)
+		inFlight := make(chan Result, 1)
+		go func() {
+			r, err := l.AllowN(ctx, "k", 1)
+			if err != nil {
+				t.Errorf("in-flight AllowN: %v", err)
+			}
+			inFlight <- r
+		}()
+		select {
+		case <-gate.replied:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the in-flight AllowN never reached Redis")
+		}
+		require.NoError(t, l.Reset(ctx, "k"), "Reset while a denial is in flight")
+		release()
+		require.False(t, (<-inFlight).Allowed, "the in-flight request was decided before Reset: denied")
+
+		r, err = l.AllowN(ctx, "k", 1)
+		require.NoError(t, err)
+		require.True(t, r.Allowed, "Reset has returned, so the key is fresh and 1 permit should be granted; got %+v (answered by a denial cached after Reset?)", r)
+	})
+}
+
+func TestDenyCacheSize(t *testing.T) {
+	forEachCacheAlgorithm(t, func(t *testing.T, b backend, alg algorithm) {
+		p := newCachePair(t, b, alg, 2)
+		for _, key := range []string{"a", "b", "c"} {
+			p.call(t, key, 3, "exhaust "+key)
+			o := p.call(t, key, 1, "deny "+key)
+			require.True(t, o.redis, "the first denial of %s should come from Redis", key)
+			p.clock.Advance(time.Millisecond)
+		}
+		// Lookups store nothing, so checking b and c first leaves the cache as it is.
+		for _, key := range []string{"b", "c"} {
+			o := p.call(t, key, 1, "deny "+key+" again")
+			require.False(t, o.redis, "%s is among the 2 newest denials and should be answered by the cache", key)
+		}
+		o := p.call(t, "a", 1, "deny a again")
+		require.True(t, o.redis, "a, the oldest of 3 denials in a cache of 2, should have been evicted")
+	})
+}
+
+func TestDenyCacheClockBackwards(t *testing.T) {
+	// The limiters clamp their state when the clock goes back, so that no key
+	// is locked out for longer than its configuration allows; the deny cache
+	// must not lock it out for longer either.
+	forEachCacheAlgorithm(t, func(t *testing.T, b backend, alg algorithm) {
+		p := newCachePair(t, b, alg, 16)
+		p.call(t, "k", 3, "exhaust")
+		p.clock.Advance(time.Millisecond)
+		p.call(t, "k", 1, "deny, and cache the denial")
+		p.clock.Advance(-time.Hour)
+		for i := range 120 {
+			p.call(t, "k", 1, fmt.Sprintf("%v after the clock went back an hour", time.Duration(i)*100*time.Millisecond))
+			p.clock.Advance(100 * time.Millisecond)
+		}
+	})
+}
+
+func TestDenyCacheInvalidSize(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled: construction makes no call
+	t.Cleanup(func() { rdb.Close() })
+	for _, size := range []int{0, -1} {
+		for _, alg := range threePermitAlgorithms {
+			t.Run(fmt.Sprintf("%s/%d", alg.name, size), func(t *testing.T) {
+				_, err := alg.make(rdb, WithDenyCache(size))
+				require.ErrorIs(t, err, ErrInvalidConfig, "WithDenyCache(%d) should be ErrInvalidConfig", size)
+			})
+		}
+	}
+}
