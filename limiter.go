@@ -22,6 +22,7 @@ import (
 	"context"
 	"embed"
 	"fmt"
+	"reflect"
 	"slices"
 	"time"
 
@@ -212,7 +213,7 @@ type spec struct {
 }
 
 func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
-	if rdb == nil {
+	if rdb == nil || isNilPointer(rdb) {
 		return limiter{}, fmt.Errorf("redlimit: %s: Redis client is nil: %w", s.algorithm, ErrInvalidConfig)
 	}
 	var o options
@@ -254,6 +255,18 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 	}
 	l.engine = engine.New(rdb, cfg)
 	return l, nil
+}
+
+// isNilPointer reports a typed nil in an interface, such as a nil
+// *redis.Client passed as a redis.Scripter: not == nil, yet it panics on
+// first use.
+func isNilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Func, reflect.Slice, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
 }
 
 func (l *limiter) result(r engine.Reply) Result {
