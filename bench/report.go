@@ -1,0 +1,250 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+type report struct {
+	Machine   machineInfo       `json:"machine"`
+	Command   string            `json:"command"`
+	Config    string            `json:"config"`
+	Rows      []rowResult       `json:"rows"`
+	Memory    []memoryResult    `json:"memory"`
+	Exactness []exactnessResult `json:"exactness"`
+	Scaling   []scalingResult   `json:"scaling"`
+	DenyCache []denyCacheResult `json:"deny_cache"`
+	Targets   []targetResult    `json:"targets"`
+}
+
+type machineInfo struct {
+	CPUs       int    `json:"nproc"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+	CPUModel   string `json:"cpu_model"`
+	OS         string `json:"os"`
+	Go         string `json:"go"`
+	Redis      string `json:"redis"`
+}
+
+func machine(ctx context.Context, admin *redis.Client) machineInfo {
+	m := machineInfo{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), OS: runtime.GOOS + "/" + runtime.GOARCH, Go: runtime.Version()}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if info, err := admin.Info(ctx, "server").Result(); err == nil {
+		for _, line := range strings.Split(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+				m.Redis = v
+			}
+		}
+	}
+	return m
+}
+
+// rowResult is one row of the main table: medians over rounds for the
+// per-round figures, totals over all rounds for the counted ones.
+type rowResult struct {
+	Workload              string    `json:"workload"`
+	Name                  string    `json:"name"`
+	Kind                  string    `json:"kind"`
+	Algorithm             string    `json:"algorithm"`
+	P50US                 float64   `json:"p50_us"`
+	P99US                 float64   `json:"p99_us"`
+	DecisionsPerSec       float64   `json:"decisions_per_sec"`
+	VsReturnOne           float64   `json:"vs_return1"` // median over rounds of decisions/s ÷ the same round's return 1
+	AllowedFraction       float64   `json:"allowed_fraction"`
+	CommandsPerDecision   float64   `json:"redis_commands_per_decision"` // every command the server ran, in scripts too
+	RoundTripsPerDecision float64   `json:"round_trips_per_decision"`
+	ScriptUSPerDecision   float64   `json:"script_us_per_decision"`
+	ScriptVsReturnOne     float64   `json:"script_us_vs_return1"`
+	AllocsPerOp           float64   `json:"allocs_per_op"`
+	BytesPerOp            float64   `json:"bytes_per_op"`
+	Decisions             int       `json:"decisions"`
+	Errors                int       `json:"errors"`
+	FirstError            string    `json:"first_error,omitempty"`
+	PerSecondRounds       []float64 `json:"decisions_per_sec_rounds"`
+}
+
+func summarize(rows []*row) []rowResult {
+	ceiling := map[string]*row{}
+	for _, r := range rows {
+		if r.c.algorithm == "return1" {
+			ceiling[r.workload] = r
+		}
+	}
+	var out []rowResult
+	for _, r := range rows {
+		res := rowResult{
+			Workload: r.workload, Name: r.c.name, Kind: r.c.kind, Algorithm: r.c.algorithm,
+			P50US: median(r.p50), P99US: median(r.p99), DecisionsPerSec: median(r.perSecond),
+			AllocsPerOp: median(r.allocs), BytesPerOp: median(r.bytes),
+			Decisions: r.decisions, Errors: r.errs, PerSecondRounds: r.perSecond,
+		}
+		if r.decisions > 0 {
+			n := float64(r.decisions)
+			res.AllowedFraction = float64(r.allowed) / n
+			res.CommandsPerDecision = float64(r.server.calls) / n
+			res.RoundTripsPerDecision = float64(r.roundTrips) / n
+			res.ScriptUSPerDecision = float64(r.server.scriptUS) / n
+		}
+		if r.firstErr != nil {
+			res.FirstError = r.firstErr.Error()
+		}
+		if c := ceiling[r.workload]; c != nil {
+			var ratios []float64
+			for i := range r.perSecond {
+				ratios = append(ratios, r.perSecond[i]/c.perSecond[i])
+			}
+			res.VsReturnOne = median(ratios)
+			if c.server.scriptUS > 0 && res.ScriptUSPerDecision > 0 {
+				res.ScriptVsReturnOne = res.ScriptUSPerDecision / (float64(c.server.scriptUS) / float64(c.decisions))
+			}
+		}
+		out = append(out, res)
+	}
+	return out
+}
+
+type targetResult struct {
+	Target   string  `json:"target"`
+	Subject  string  `json:"subject"`
+	Measured float64 `json:"measured"`
+	Want     string  `json:"want"`
+	Pass     bool    `json:"pass"`
+	Note     string  `json:"note,omitempty"`
+}
+
+// targets checks the figures against issue 3's targets.
+func targets(rep report) []targetResult {
+	var out []targetResult
+	find := func(workload, name string) *rowResult {
+		for i := range rep.Rows {
+			if rep.Rows[i].Workload == workload && rep.Rows[i].Name == name {
+				return &rep.Rows[i]
+			}
+		}
+		return nil
+	}
+	peerNote := func(workload string, value func(rowResult) float64, format string) string {
+		var parts []string
+		for _, p := range peers {
+			if r := find(workload, p.name); r != nil {
+				parts = append(parts, fmt.Sprintf(format, strings.Fields(p.name)[0], value(*r)))
+			}
+		}
+		return strings.Join(parts, ", ")
+	}
+	for _, rc := range redlimitConstructors {
+		name := "redlimit " + rc.algorithm
+		if r := find("allow", name); r != nil {
+			out = append(out, targetResult{Target: "decisions/s (64 goroutines) ÷ return 1", Subject: rc.algorithm, Measured: r.VsReturnOne, Want: ">= 0.90", Pass: r.VsReturnOne >= 0.90,
+				Note: "peers: " + peerNote("allow", func(r rowResult) float64 { return r.VsReturnOne }, "%s %.2f")})
+		}
+	}
+	for _, rc := range redlimitConstructors {
+		if r := find("allow", "redlimit "+rc.algorithm); r != nil {
+			out = append(out, targetResult{Target: "Redis script µs per decision ÷ return 1", Subject: rc.algorithm, Measured: r.ScriptVsReturnOne, Want: "<= 2.5", Pass: r.ScriptVsReturnOne <= 2.5,
+				Note: "peers: " + peerNote("allow", func(r rowResult) float64 { return r.ScriptVsReturnOne }, "%s %.1f")})
+		}
+	}
+	for _, rc := range redlimitConstructors {
+		if r := find("allow", "redlimit "+rc.algorithm); r != nil {
+			out = append(out, targetResult{Target: "Go allocs per decision", Subject: rc.algorithm, Measured: r.AllocsPerOp, Want: "<= 12", Pass: r.AllocsPerOp <= 12,
+				Note: "peers: " + peerNote("allow", func(r rowResult) float64 { return r.AllocsPerOp }, "%s %.0f")})
+		}
+	}
+	for _, m := range rep.Memory {
+		switch m.Name {
+		case "redlimit fixed_window", "redlimit token_bucket", "redlimit leaky_bucket":
+			out = append(out, targetResult{Target: "MEMORY USAGE per key (bytes)", Subject: m.Algorithm, Measured: float64(m.MemoryUsage), Want: "<= 72", Pass: m.MemoryUsage > 0 && m.MemoryUsage <= 72,
+				Note: fmt.Sprintf("key %q; used_memory Δ %.0f B/key", m.SampleKey, m.UsedMemoryPer)})
+		}
+	}
+	worst := map[string]float64{}
+	for _, s := range rep.Scaling {
+		worst[s.Algorithm] = max(worst[s.Algorithm], s.Ratio)
+	}
+	for _, a := range []string{"sliding_window", "sliding_log"} {
+		if v, ok := worst[a]; ok {
+			out = append(out, targetResult{Target: "Redis µs per call, 3,600 buckets ÷ 10 buckets (worst mode)", Subject: a, Measured: v, Want: "<= 1.5", Pass: v <= 1.5})
+		}
+	}
+	for _, d := range rep.DenyCache {
+		r := find("hot", "redlimit "+d.Algorithm+" +deny cache")
+		if r == nil {
+			continue
+		}
+		pass := r.RoundTripsPerDecision <= 0.01 && d.Identical
+		out = append(out, targetResult{Target: "hot + WithDenyCache: Redis calls per decision, decisions identical", Subject: d.Algorithm, Measured: r.RoundTripsPerDecision, Want: "<= 0.01 and identical", Pass: pass,
+			Note: fmt.Sprintf("%d/%d decisions identical to uncached (fake clock)", d.SameAllowed, d.Decisions)})
+	}
+	for _, rc := range redlimitConstructors {
+		if r := find("autopipeline", "redlimit "+rc.algorithm); r != nil {
+			out = append(out, targetResult{Target: "AutoPipeline decisions/s ÷ autopipelined return 1", Subject: rc.algorithm, Measured: r.VsReturnOne, Want: ">= 0.6", Pass: r.VsReturnOne >= 0.6,
+				Note: "peers: " + peerNote("autopipeline", func(r rowResult) float64 { return r.VsReturnOne }, "%s %.2f")})
+		}
+	}
+	return out
+}
+
+func (rep report) markdown() string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	m := rep.Machine
+	p("Machine: %d CPUs (%s), GOMAXPROCS %d, %s, %s, Redis %s. Command: `%s` (%s).\n\n", m.CPUs, m.CPUModel, m.GOMAXPROCS, m.OS, m.Go, m.Redis, rep.Command, rep.Config)
+	p("| workload | row | p50 µs | p99 µs | decisions/s (64 g) | × return 1 | allowed | cmds/dec | round trips/dec | script µs/dec | × return 1 script | allocs/op | B/op | errors |\n")
+	p("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, r := range rep.Rows {
+		script := "–"
+		if r.ScriptVsReturnOne > 0 {
+			script = fmt.Sprintf("%.2f", r.ScriptVsReturnOne)
+		}
+		p("| %s | %s | %.1f | %.1f | %.0f | %.2f | %.1f%% | %.2f | %.3f | %.2f | %s | %.1f | %.0f | %d |\n",
+			r.Workload, r.Name, r.P50US, r.P99US, r.DecisionsPerSec, r.VsReturnOne, 100*r.AllowedFraction,
+			r.CommandsPerDecision, r.RoundTripsPerDecision, r.ScriptUSPerDecision, script, r.AllocsPerOp, r.BytesPerOp, r.Errors)
+	}
+	p("\n| Redis memory per key | sample key | type / encoding | MEMORY USAGE (B) | used_memory Δ / key (B) |\n|---|---|---|--:|--:|\n")
+	for _, mr := range rep.Memory {
+		p("| %s | `%s` | %s / %s | %d | %.1f |\n", mr.Name, mr.SampleKey, mr.Type, mr.Encoding, mr.MemoryUsage, mr.UsedMemoryPer)
+	}
+	p("\n| exactness: 4 clients × 50 goroutines × 10 tries, limit 1,000 on one key | admitted | errors | exact |\n|---|--:|--:|---|\n")
+	for _, e := range rep.Exactness {
+		p("| %s | %d | %d | %v |\n", e.Name, e.Admitted, e.Errors, e.Exact)
+	}
+	p("\n| bucket scaling | mode | script µs, 10 buckets | script µs, 3,600 buckets | ratio |\n|---|---|--:|--:|--:|\n")
+	for _, s := range rep.Scaling {
+		p("| %s | %s | %.2f | %.2f | %.2f |\n", s.Algorithm, s.Mode, s.US10, s.US3600, s.Ratio)
+	}
+	p("\n| deny cache vs uncached (fake clock, 100/s, a request every 100µs) | decisions | allowed | same Allowed | same Result | round trips/dec |\n|---|--:|--:|--:|--:|--:|\n")
+	for _, d := range rep.DenyCache {
+		p("| %s | %d | %d | %d | %d | %.4f |\n", d.Algorithm, d.Decisions, d.Allowed, d.SameAllowed, d.SameResult, d.CallsPerDecision)
+	}
+	p("\n| target | subject | measured | want | result | note |\n|---|---|--:|---|---|---|\n")
+	for _, t := range rep.Targets {
+		res := "PASS"
+		if !t.Pass {
+			res = "MISS"
+		}
+		p("| %s | %s | %.3g | %s | %s | %s |\n", t.Target, t.Subject, t.Measured, t.Want, res, t.Note)
+	}
+	return b.String()
+}
+
+func (rep report) writeJSON(path string) error {
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}

@@ -1,0 +1,129 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// row is one contender under one workload, with its samples over rounds.
+type row struct {
+	workload string
+	c        contender
+	decide   decider
+	keys     []string
+
+	p50, p99, perSecond, allocs, bytes []float64 // one per round
+	decisions, allowed, errs           int
+	firstErr                           error
+	server                             serverStats // summed over rounds
+	roundTrips                         int64
+}
+
+// Workloads.
+var (
+	allowLimit = limit{count: 1_000_000, per: time.Minute} // over 1,000 keys: nearly all allowed
+	hotLimit   = limit{count: 100, per: time.Second}       // on one key: nearly all denied
+)
+
+const denyCacheSize = 1024
+
+func (e *environment) buildRows() ([]*row, error) {
+	type entry struct {
+		c   contender
+		lim limit
+	}
+	with := func(lim limit, cs ...[]contender) []entry {
+		var out []entry
+		for _, list := range cs {
+			for _, c := range list {
+				out = append(out, entry{c, lim})
+			}
+		}
+		return out
+	}
+	cached := hotLimit
+	cached.denyCache = denyCacheSize
+	workloads := []struct {
+		name    string
+		client  redis.Scripter
+		nkeys   int
+		entries []entry
+	}{
+		{"allow", e.rdb, 1000, with(allowLimit, ceilings, redlimitContenders(""), peers)},
+		{"hot", e.rdb, 1, append(with(hotLimit, ceilings, redlimitContenders(""), peers), with(cached, redlimitContenders(" +deny cache"))...)},
+		{"autopipeline", e.ap, 1000, with(allowLimit, ceilings, redlimitContenders(""), peers)},
+	}
+	var rows []*row
+	for _, w := range workloads {
+		for i, en := range w.entries {
+			decide, err := en.c.build(w.client, en.lim)
+			if err != nil {
+				if en.c.kind == "peer" {
+					logf("%s: %s skipped: %v", w.name, en.c.name, err)
+					continue
+				}
+				return nil, fmt.Errorf("%s: %s: %w", w.name, en.c.name, err)
+			}
+			r := &row{workload: w.name, c: en.c, decide: decide}
+			for k := 0; k < w.nkeys; k++ {
+				r.keys = append(r.keys, fmt.Sprintf("%s%d:%s:%04d", w.name[:1], i, e.run, k))
+			}
+			// Warm up: load the script, open connections.
+			for k := 0; k < 50; k++ {
+				if _, err := decide(e.ctx, r.keys[k%len(r.keys)]); err != nil {
+					if en.c.kind == "peer" {
+						logf("%s: %s: warm-up error: %v", w.name, en.c.name, err)
+						break
+					}
+					return nil, fmt.Errorf("%s: %s: warm-up: %w", w.name, en.c.name, err)
+				}
+			}
+			rows = append(rows, r)
+		}
+	}
+	return rows, nil
+}
+
+// rounds runs every row once per round, each round starting at another row,
+// so that slow drift of the machine hits all rows alike.
+func (e *environment) rounds(rows []*row) error {
+	for round := 0; round < e.f.rounds; round++ {
+		logf("round %d/%d: %d rows", round+1, e.f.rounds, len(rows))
+		offset := round * len(rows) / e.f.rounds
+		for i := range rows {
+			r := rows[(i+offset)%len(rows)]
+			before, err := readStats(e.ctx, e.admin)
+			if err != nil {
+				return err
+			}
+			rt := e.hook.n.Load()
+			seq := sequential(e.ctx, r.decide, r.keys, e.f.seq)
+			conc := concurrent(e.ctx, r.decide, r.keys, e.f.goroutines, e.f.conc)
+			after, err := readStats(e.ctx, e.admin)
+			if err != nil {
+				return err
+			}
+			r.roundTrips += e.hook.n.Load() - rt
+			d := after.sub(before)
+			r.server.calls += d.calls
+			r.server.scriptCall += d.scriptCall
+			r.server.scriptUS += d.scriptUS
+			r.p50 = append(r.p50, micros(seq.p50))
+			r.p99 = append(r.p99, micros(seq.p99))
+			r.allocs = append(r.allocs, seq.allocsPerOp)
+			r.bytes = append(r.bytes, seq.bytesPerOp)
+			r.perSecond = append(r.perSecond, conc.perSecond())
+			r.decisions += seq.ops + conc.ops
+			r.allowed += seq.allowed + conc.allowed
+			r.errs += seq.errs + conc.errs
+			if r.firstErr == nil {
+				r.firstErr = conc.firstErr
+			}
+		}
+	}
+	return nil
+}
+
+func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
