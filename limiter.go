@@ -207,7 +207,7 @@ type limiter struct {
 type spec struct {
 	algorithm string
 	prefix    string // default key prefix
-	script    *redis.Script
+	script    script
 	args      []any
 	limits    []int
 }
@@ -237,7 +237,8 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 	cfg := engine.Config{
 		Algorithm: s.algorithm,
 		Prefix:    prefix,
-		Script:    s.script,
+		Script:    s.script.Script,
+		Source:    s.script.source,
 		Args:      s.args,
 		Policies:  len(s.limits),
 		Clock:     o.clock,
@@ -320,9 +321,15 @@ func (l *limiter) Reset(ctx context.Context, key string) error {
 //go:embed scripts/*.lua
 var scriptFiles embed.FS
 
+// script is one algorithm's Lua, with its source kept for EVAL.
+type script struct {
+	*redis.Script
+	source string
+}
+
 // loadScript joins the named files of scripts/ into one script: shared
 // helpers first, the algorithm's body last.
-func loadScript(names ...string) *redis.Script {
+func loadScript(names ...string) script {
 	var src []byte
 	for _, name := range names {
 		b, err := scriptFiles.ReadFile("scripts/" + name)
@@ -331,7 +338,7 @@ func loadScript(names ...string) *redis.Script {
 		}
 		src = append(append(src, b...), '\n')
 	}
-	return redis.NewScript(string(src))
+	return script{Script: redis.NewScript(string(src)), source: string(src)}
 }
 
 // Bounds that keep every value a script computes an exact integer in Lua's

@@ -33,6 +33,10 @@ func ParseReply(v any) (Reply, error) {
 	if !ok {
 		return Reply{}, fmt.Errorf("redlimit: unexpected script reply %T, want a string", v)
 	}
+	return parseReplyText(s)
+}
+
+func parseReplyText(s string) (Reply, error) {
 	var fields [replyFields]int64
 	i := 0
 	for f := range fields {
