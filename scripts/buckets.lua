@@ -156,12 +156,15 @@ local function decide_log(now, n, precision, limits, sizes)
     for i = 1, S do state.cursor[i], state.total[i] = -1, 0 end
   end
 
-  local changed = false
+  -- changed: the hash must be written; tail_moved: its TTL too. While the
+  -- newest bucket stays the same, so does the time the log empties, and the
+  -- TTL set when that bucket began still covers it.
+  local changed, tail_moved = false, false
   local dead = {}
   if not same_config(state, precision, sizes) or state.tail > b then
     state = rebuild(state, b, precision, sizes)
     if not state then return not_ours(corrupt) end
-    changed = true
+    changed, tail_moved = true, true
   else
     for i = 1, S do
       local last_out = b - sizes[i]
@@ -200,7 +203,7 @@ local function decide_log(now, n, precision, limits, sizes)
         writes[#writes + 1] = string.format('%d', state.tail)
         writes[#writes + 1] = string.format('%d %d', state.tail_count, b)
       end
-      state.tail, state.tail_count = b, n
+      state.tail, state.tail_count, tail_moved = b, n, true
       for i = 1, S do
         if state.cursor[i] == -1 then state.cursor[i] = b end
       end
@@ -230,7 +233,7 @@ local function decide_log(now, n, precision, limits, sizes)
     else
       if #dead > 0 then redis.call('HDEL', KEYS[1], unpack(dead)) end
       redis.call('HSET', KEYS[1], 'm', meta_string(state), unpack(writes))
-      redis.call('PEXPIRE', KEYS[1], ttl_ms(reset))
+      if tail_moved then redis.call('PEXPIRE', KEYS[1], ttl_ms(reset)) end
     end
   end
   return reply(allowed, remaining, retry, reset, reported - 1)

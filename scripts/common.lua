@@ -25,11 +25,9 @@ local function ceil_div(a, b)
   return q
 end
 
+-- Writing after TIME needs effects replication, the default since Redis 5.
 local function now_us()
   if ARGV[1] ~= '' then return tonumber(ARGV[1]) end
-  -- Redis < 7 replicates scripts verbatim unless told otherwise, and refuses
-  -- writes after TIME; on 7 and later this is a no-op.
-  if redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end

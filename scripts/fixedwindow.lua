@@ -25,13 +25,15 @@ if raw then
   window_end = tonumber(string.sub(raw, -16))
 end
 
-local changed = false
+-- expire: nil (nothing to write), 'KEEPTTL' (the count changed in a window
+-- whose TTL already runs to its end) or 'PX' (a window opened or moved).
+local expire
 if window_end > now + window then
   -- The clock went back: no window may outlast its length from now.
-  window_end, changed = now + window, true
+  window_end, expire = now + window, 'PX'
 end
 if window_end <= now then
-  count, window_end, changed = 0, 0, false
+  count, window_end, expire = 0, 0, nil
 end
 
 local allowed, retry = false, 0
@@ -40,16 +42,20 @@ if n > limit then
 elseif n == 0 then
   allowed = true
 elseif count == 0 then
-  allowed, count, window_end, changed = true, n, now + window, true
+  allowed, count, window_end, expire = true, n, now + window, 'PX'
 elseif count + n <= limit then
-  allowed, count, changed = true, count + n, true
+  allowed, count, expire = true, count + n, expire or 'KEEPTTL'
 else
   retry = window_end - now
 end
 
 local reset = 0
 if count > 0 then reset = window_end - now end
-if changed then
-  redis.call('SET', KEYS[1], string.format('%d%016d', count, window_end), 'PX', ttl_ms(reset))
+local value
+if expire then value = string.format('%d%016d', count, window_end) end
+if expire == 'PX' then
+  redis.call('SET', KEYS[1], value, 'PX', ttl_ms(reset))
+elseif expire then
+  redis.call('SET', KEYS[1], value, 'KEEPTTL')
 end
 return reply(allowed, limit - count, retry, reset)
