@@ -457,6 +457,10 @@ func TestFaultDeadRedis(t *testing.T) {
 				require.Error(t, o.err, "%s on a dead Redis must fail", o.call)
 				require.NotErrorIs(t, o.err, ErrAcquireFailed, "%s: a dead Redis is no denial", o.call)
 				require.Less(t, o.elapsed, time.Second, "%s must return soon after its 200ms deadline: %v", o.call, o.err)
+				if srv.name == "hung" {
+					// Only the deadline ended the call: the error says so.
+					require.ErrorIs(t, o.err, context.DeadlineExceeded, "%s on a hung Redis", o.call)
+				}
 			}
 		})
 	}

@@ -16,10 +16,13 @@
 -- the window holds. The longest strategy's cursor is the head of the queue;
 -- buckets that leave its window are deleted.
 
-local log_cache = {} -- bucket index -> {count, next}, read at most once per call
+-- bucket -> {count, next}, read at most once per call. Keyed by -index:
+-- gopher-lua (miniredis) keeps positive integer keys in an array part filled
+-- up to the key, and bucket indices run to billions.
+local log_cache = {}
 
 local function read_bucket(index)
-  local cached = log_cache[index]
+  local cached = log_cache[-index]
   if cached then return cached[1], cached[2] end
   local raw = redis.call('HGET', KEYS[1], string.format('%d', index))
   if not raw then return nil end
@@ -31,7 +34,7 @@ local function read_bucket(index)
     count, next_index = tonumber(string.match(raw, '^%d+$')), -1
     if not count then return nil end
   end
-  log_cache[index] = {count, next_index}
+  log_cache[-index] = {count, next_index}
   return count, next_index
 end
 
@@ -91,7 +94,7 @@ local function rebuild(old, b, precision, sizes)
     local index, count = entry[1], entry[2]
     local next_index = -1
     if entries[k + 1] then next_index = entries[k + 1][1] end
-    log_cache[index] = {count, next_index}
+    log_cache[-index] = {count, next_index}
     local value = string.format('%d', count)
     if next_index ~= -1 then value = string.format('%d %d', count, next_index) end
     redis.call('HSET', KEYS[1], string.format('%d', index), value)
@@ -183,7 +186,9 @@ local function decide_log(now, n, precision, limits, sizes)
   local allowed, retry, reported = true, 0, 1
   if n > limits[1] then
     allowed, retry = false, -1
-  else
+  elseif n > 0 then
+    -- n == 0 only reports: allowed even when a lowered limit left the
+    -- count above it.
     for i = 1, S do
       if state.total[i] + n > limits[i] then
         local wait = retry_after(state, i, n, limits[i], now)

@@ -2,7 +2,9 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -162,7 +164,7 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 	}
 	text, err := e.run(ctx, key, nowArg, n)
 	if err != nil {
-		return Reply{}, false, fmt.Errorf("redlimit: %s: %w", e.algorithm, err)
+		return Reply{}, false, e.redisError(ctx, "", err)
 	}
 	r, err = parseReplyText(text)
 	if err == nil && r.Strategy >= e.policies {
@@ -190,9 +192,27 @@ func (e *Engine) Reset(ctx context.Context, key string) error {
 		e.cache.forget(key)
 	}
 	if err := resetScript.Run(ctx, e.rdb, []string{e.prefix + key}).Err(); err != nil {
-		return fmt.Errorf("redlimit: %s: reset: %w", e.algorithm, err)
+		return e.redisError(ctx, "reset: ", err)
 	}
 	return nil
+}
+
+// redisError wraps an error from Redis. go-redis turns a ctx deadline into a
+// socket deadline, whose error is an i/o timeout; when ctx is done the error
+// matches ctx's error too, so errors.Is(err, context.DeadlineExceeded) holds.
+func (e *Engine) redisError(ctx context.Context, op string, err error) error {
+	ctxErr := ctx.Err()
+	if ctxErr == nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		// The socket deadline is the ctx's, and may fire a moment before
+		// the ctx's own timer marks it done.
+		if deadline, ok := ctx.Deadline(); ok && !time.Now().Before(deadline) {
+			ctxErr = context.DeadlineExceeded
+		}
+	}
+	if ctxErr != nil && !errors.Is(err, ctxErr) {
+		return fmt.Errorf("redlimit: %s: %s%w (%w)", e.algorithm, op, err, ctxErr)
+	}
+	return fmt.Errorf("redlimit: %s: %s%w", e.algorithm, op, err)
 }
 
 func checkKey(key string) error {
