@@ -295,8 +295,11 @@ type denyCacheResult struct {
 
 // denyCacheIdentity runs the hot workload (100/s on one key, requests every
 // 100µs of fake time: 99% denied) on a cached and an uncached limiter side by
-// side. The fake clock runs faster than the calls take in real time, so no
-// key can expire (a real-time TTL) before its state is spent.
+// side. Redis counts TTLs in real time, and a step can take longer than its
+// 100µs of fake time, so a key could expire before its fake-time state is
+// spent and make the uncached limiter look like a fresh key: both keys are
+// PERSISTed after every step (through the client whose calls are not
+// counted). Expiry is tested apart; this compares decisions.
 func (e *environment) denyCacheIdentity() ([]denyCacheResult, error) {
 	steps := 20000
 	if e.f.quick {
@@ -341,6 +344,12 @@ func (e *environment) denyCacheIdentity() ([]denyCacheResult, error) {
 			} else if r.FirstDifference == "" {
 				r.FirstDifference = fmt.Sprintf("step %d: uncached %+v, cached %+v", i, want, got)
 			}
+			if err := e.rdb.Persist(e.ctx, "redlimit:"+prefixOf(rc.algorithm)+plainKey).Err(); err != nil {
+				return nil, err
+			}
+			if err := e.rdb.Persist(e.ctx, "redlimit:"+prefixOf(rc.algorithm)+cachedKey).Err(); err != nil {
+				return nil, err
+			}
 			clock.advance(100 * time.Microsecond)
 		}
 		cachedClient.Close()
@@ -351,4 +360,19 @@ func (e *environment) denyCacheIdentity() ([]denyCacheResult, error) {
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// prefixOf is the default key prefix of an algorithm, after "redlimit:".
+func prefixOf(algorithm string) string {
+	switch algorithm {
+	case "fixed_window":
+		return "fw:"
+	case "sliding_window":
+		return "sw:"
+	case "sliding_log":
+		return "sl:"
+	case "leaky_bucket":
+		return "lb:"
+	}
+	return "tb:"
 }
