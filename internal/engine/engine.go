@@ -189,7 +189,10 @@ func (e *Engine) Reset(ctx context.Context, key string) error {
 		return err
 	}
 	if e.cache != nil {
+		// Before and after the DEL: a decision in flight across either
+		// may have read the old state, and must not cache its denial.
 		e.cache.forget(key)
+		defer e.cache.forget(key)
 	}
 	if err := resetScript.Run(ctx, e.rdb, []string{e.prefix + key}).Err(); err != nil {
 		return e.redisError(ctx, "reset: ", err)
