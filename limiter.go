@@ -136,6 +136,7 @@ type options struct {
 	denyCache    int
 	denyCacheSet bool
 	observer     func(Decision)
+	outage       outageOptions // unavailable.go
 }
 
 // WithPrefix sets the Redis key prefix: the key of a call is exactly
@@ -192,6 +193,9 @@ type Decision struct {
 	Latency time.Duration
 	// Local reports a denial answered by the deny cache, without a round trip.
 	Local bool
+	// Fallback reports a call that Redis could not decide and the
+	// WithFallback limiter did: Result is the fallback's own, Err is nil.
+	Fallback bool
 }
 
 // limiter is the part every algorithm shares: it turns engine replies into
@@ -245,9 +249,12 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 		DenyCache: o.denyCache,
 		Capacity:  slices.Min(s.limits),
 	}
+	if err := o.outage.configure(s.algorithm, rdb, &cfg); err != nil {
+		return limiter{}, err
+	}
 	if fn := o.observer; fn != nil {
 		cfg.Observe = func(ev engine.Event) {
-			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local}
+			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.Fallback != nil}
 			if ev.Err == nil {
 				d.Result = l.result(ev.Reply)
 			}
@@ -271,6 +278,9 @@ func isNilPointer(v any) bool {
 }
 
 func (l *limiter) result(r engine.Reply) Result {
+	if res, ok := r.Fallback.(Result); ok {
+		return res
+	}
 	return Result{
 		Allowed:    r.Allowed,
 		Limit:      l.limits[r.Strategy],
