@@ -55,13 +55,19 @@ func TestClockBackwards(t *testing.T) {
 func TestConcurrentGrantsExact(t *testing.T) {
 	clock := &fakeClock{now: epoch}
 	mk := map[string]func() (redlimit.Limiter, error){
-		"fixed_window":   func() (redlimit.Limiter, error) { return NewFixedWindow(100, time.Minute, WithClock(clock.Now)) },
-		"sliding_window": func() (redlimit.Limiter, error) { return NewSlidingWindow(100, time.Minute, time.Second, WithClock(clock.Now)) },
+		"fixed_window": func() (redlimit.Limiter, error) { return NewFixedWindow(100, time.Minute, WithClock(clock.Now)) },
+		"sliding_window": func() (redlimit.Limiter, error) {
+			return NewSlidingWindow(100, time.Minute, time.Second, WithClock(clock.Now))
+		},
 		"sliding_log": func() (redlimit.Limiter, error) {
 			return NewSlidingLog(time.Second, []redlimit.Strategy{{Limit: 100, Window: time.Minute}, {Limit: 1000, Window: time.Hour}}, WithClock(clock.Now))
 		},
-		"leaky_bucket": func() (redlimit.Limiter, error) { return NewLeakyBucket(100, redlimit.PerMinute(1), WithClock(clock.Now)) },
-		"token_bucket": func() (redlimit.Limiter, error) { return NewTokenBucket(100, redlimit.PerMinute(1), WithClock(clock.Now)) },
+		"leaky_bucket": func() (redlimit.Limiter, error) {
+			return NewLeakyBucket(100, redlimit.PerMinute(1), WithClock(clock.Now))
+		},
+		"token_bucket": func() (redlimit.Limiter, error) {
+			return NewTokenBucket(100, redlimit.PerMinute(1), WithClock(clock.Now))
+		},
 	}
 	for name, make := range mk {
 		t.Run(name, func(t *testing.T) {
