@@ -293,8 +293,28 @@ func (e *Engine) guardedRun(ctx context.Context, key string, nowArg any, n int) 
 		return "", err
 	}
 	text, err := e.run(ctx, key, nowArg, n)
-	e.breaker.record(probe, Classify(ctx, err), err)
+	if err != nil {
+		e.breaker.record(probe, Classify(ctx, err), withCtxErr(ctx, err))
+	} else {
+		e.breaker.record(probe, answered, nil)
+	}
 	return text, err
+}
+
+// withCtxErr is err as the caller sees it: matching ctx's error too when
+// ctx ended during the round trip (go-redis reports a ctx deadline as the
+// socket's i/o timeout), so that the breaker's later errors match it too.
+func withCtxErr(ctx context.Context, err error) error {
+	ctxErr := ctx.Err()
+	if ctxErr == nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		if deadline, ok := ctx.Deadline(); ok && !time.Now().Before(deadline) {
+			ctxErr = context.DeadlineExceeded
+		}
+	}
+	if ctxErr != nil && !errors.Is(err, ctxErr) {
+		return fmt.Errorf("%w (%w)", err, ctxErr)
+	}
+	return err
 }
 
 // fallback lets Config.Fallback decide a call that Redis could not: the
