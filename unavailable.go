@@ -33,8 +33,9 @@ const (
 // A failure is a call that Redis could not answer: a network error
 // (refused, reset, EOF, i/o timeout), a pool timeout, a ctx deadline that
 // passed while waiting for Redis, or an error reply of a server that cannot
-// serve now (LOADING, BUSY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, READONLY,
-// OOM). Not failures: denials, bad input (ErrInvalidArgument, never sent),
+// serve now (LOADING, BUSY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN). Not
+// failures: OOM and READONLY (such a server still decides denials, which
+// need no write), denials, bad input (ErrInvalidArgument, never sent),
 // a key holding a value that is not the limiter's (a problem of that key),
 // a ctx the caller cancelled, and a ctx already done when the call starts.
 //
@@ -97,7 +98,12 @@ type BreakerChange struct {
 }
 
 // Breaker is a circuit breaker between limiters and Redis. Every limiter
-// has its own by default (DefaultBreakerFailures, DefaultBreakerCooldown);
+// on a *redis.Client (or any single-server Scripter) has its own by default
+// (DefaultBreakerFailures, DefaultBreakerCooldown). A limiter on a
+// *redis.ClusterClient or *redis.Ring has none unless WithBreaker gives it
+// one: its keys live on several servers, and one breaker would fail the
+// keys of the live ones with those of a dead one.
+//
 // WithBreaker gives it this one instead, and limiters that share a Redis
 // client may share one Breaker, so that an outage opens them all at once
 // and one probe serves them all. Safe for concurrent use. While closed it
@@ -179,10 +185,16 @@ func (o outageOptions) configure(algorithm string, rdb redis.Scripter, cfg *engi
 	if o.fallbackSet && (o.fallback == nil || isNilPointer(o.fallback)) {
 		return fmt.Errorf("redlimit: %s: WithFallback(nil): %w", algorithm, ErrInvalidConfig)
 	}
+	multiNode := false
+	switch rdb.(type) {
+	case *redis.ClusterClient, *redis.Ring:
+		multiNode = true
+	}
 	switch {
 	case o.noBreaker:
 	case o.breaker != nil:
 		cfg.Breaker = o.breaker.b
+	case multiNode:
 	default:
 		b, _ := NewBreaker(BreakerConfig{})
 		cfg.Breaker = b.b

@@ -245,7 +245,7 @@ func (b *Breaker) transition(from, to int32, err error, now time.Time) bool {
 // nothing. Everything else is a failure: the network (refused, reset, EOF,
 // i/o timeout), the pool (timeout), a deadline that passed while Redis did
 // not answer, and the error replies of a server that cannot serve now
-// (LOADING, BUSY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, READONLY, OOM).
+// (LOADING, BUSY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN).
 func Classify(ctx context.Context, err error) outcome {
 	if err == nil {
 		return answered
@@ -268,7 +268,9 @@ func Classify(ctx context.Context, err error) outcome {
 
 // unavailableReplies are the error replies of a server that cannot serve
 // any request right now.
-var unavailableReplies = []string{"LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "OOM"}
+// OOM and READONLY are not among them: such a server still decides
+// denials and n == 0, which need no write (DESIGN property 10).
+var unavailableReplies = []string{"LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN"}
 
 // isNetwork reports errors that are about the connection even when they
 // happen to satisfy redis.Error.
