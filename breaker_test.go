@@ -164,33 +164,42 @@ func TestBreakerOnStoppedRedis(t *testing.T) {
 		{"SIGSTOP", func() { require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGSTOP)) }, func() { require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGCONT)) }},
 		{"proxy drops replies", func() { proxy.SetDrop(true) }, func() { proxy.SetDrop(false) }},
 	} {
-		t.Run(fault.name, func(t *testing.T) {
-			rdb := recommendedClient(t, proxy.Addr())
-			h := newBreakerHarness(t, 3, time.Second)
-			l, err := NewTokenBucket(rdb, 10, PerSecond(10), WithBreaker(h.Breaker))
-			require.NoError(t, err)
-			_, err = l.Allow(context.Background(), "k")
-			require.NoError(t, err)
+		for _, pipelined := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/AutoPipeline=%v", fault.name, pipelined), func(t *testing.T) {
+				var rdb redis.Scripter = recommendedClient(t, proxy.Addr())
+				if pipelined {
+					// go-redis's AutoPipeliner ignores ctx deadlines of queued
+					// commands: the engine must end the call itself.
+					ap, err := rdb.(*redis.Client).AutoPipeline()
+					require.NoError(t, err)
+					rdb = ap
+				}
+				h := newBreakerHarness(t, 3, time.Second)
+				l, err := NewTokenBucket(rdb, 10, PerSecond(10), WithBreaker(h.Breaker))
+				require.NoError(t, err)
+				_, err = l.Allow(context.Background(), "k")
+				require.NoError(t, err)
 
-			fault.break_()
-			defer fault.fix()
-			for i := range 3 {
+				fault.break_()
+				defer fault.fix()
+				for i := range 3 {
+					err, took := callWithin(l, "k", 100*time.Millisecond)
+					require.ErrorIs(t, err, context.DeadlineExceeded, "call %d", i)
+					require.Less(t, took, 110*time.Millisecond, "call %d: within its deadline + 10ms", i)
+				}
+				require.Equal(t, BreakerOpen, h.State())
 				err, took := callWithin(l, "k", 100*time.Millisecond)
-				require.ErrorIs(t, err, context.DeadlineExceeded, "call %d", i)
-				require.Less(t, took, 110*time.Millisecond, "call %d: within its deadline + 10ms", i)
-			}
-			require.Equal(t, BreakerOpen, h.State())
-			err, took := callWithin(l, "k", 100*time.Millisecond)
-			require.ErrorIs(t, err, ErrUnavailable)
-			require.ErrorIs(t, err, context.DeadlineExceeded)
-			require.Less(t, took, 5*time.Millisecond)
+				require.ErrorIs(t, err, ErrUnavailable)
+				require.ErrorIs(t, err, context.DeadlineExceeded)
+				require.Less(t, took, 5*time.Millisecond)
 
-			fault.fix()
-			h.advance(time.Second)
-			err, _ = callWithin(l, "k", time.Second)
-			require.NoError(t, err, "the probe finds Redis back")
-			require.Equal(t, BreakerClosed, h.State())
-		})
+				fault.fix()
+				h.advance(time.Second)
+				err, _ = callWithin(l, "k", time.Second)
+				require.NoError(t, err, "the probe finds Redis back")
+				require.Equal(t, BreakerClosed, h.State())
+			})
+		}
 	}
 }
 
