@@ -34,11 +34,15 @@ func WithClock(now func() time.Time) Option {
 }
 
 // WithMaxKeys bounds the number of keys the limiter holds (default
-// DefaultMaxKeys, about 100-200 bytes each for the buckets and the fixed
-// window). A key whose state is back to its initial state takes no room.
-// When a full limiter meets a new key, it first drops keys found back in
-// their initial state, else the sampled key nearest to it: that key starts
-// afresh, as after a Reset. maxKeys < 1 is ErrInvalidConfig.
+// DefaultMaxKeys; a fixed window or bucket key costs about 100-150 bytes
+// with the key's string, a sliding key more per nonempty bucket). A key is
+// dropped as soon as a decision leaves it in its initial state; one that
+// gets there with time alone stays until seen again or until room is
+// needed. The bound is kept per shard (64 of them, each holding
+// maxKeys/64 rounded up): when a shard is full, a new key first drops the
+// sampled keys back in their initial state, else the sampled key nearest to
+// it, which then starts afresh, as after a Reset. maxKeys < 1 is
+// ErrInvalidConfig.
 func WithMaxKeys(maxKeys int) Option {
 	return func(o *options) { o.maxKeys = maxKeys }
 }

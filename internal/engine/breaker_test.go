@@ -203,3 +203,33 @@ type errorReply string
 
 func (e errorReply) Error() string { return string(e) }
 func (errorReply) RedisError()     {}
+
+// BenchmarkBreakerClosed is what the breaker adds to a call while Redis
+// answers: admit and record.
+func BenchmarkBreakerClosed(b *testing.B) {
+	br := NewBreaker(BreakerConfig{Failures: 5, Cooldown: time.Second})
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			probe, err := br.admit(errSentinel)
+			if err != nil {
+				b.Fatal(err)
+			}
+			br.record(probe, answered, nil)
+		}
+	})
+}
+
+// BenchmarkBreakerOpen is the cost of a call the open breaker answers.
+func BenchmarkBreakerOpen(b *testing.B) {
+	br := NewBreaker(BreakerConfig{Failures: 1, Cooldown: time.Hour})
+	br.record(false, failed, errRefused)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := br.admit(errSentinel); err == nil {
+				b.Fatal("open breaker admitted a call")
+			}
+		}
+	})
+}
