@@ -78,6 +78,14 @@ func TestFallbackDecidesWhileRedisIsDown(t *testing.T) {
 
 	_, err = l.AllowN(ctx, "k", -1)
 	require.ErrorIs(t, err, redlimit.ErrInvalidArgument, "bad input never reaches the fallback")
+	expired, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer cancel()
+	_, err = l.Allow(expired, "k")
+	require.ErrorIs(t, err, context.DeadlineExceeded, "a ctx done before the call reaches neither Redis nor the fallback")
+	cancelled, cancel2 := context.WithCancel(ctx)
+	cancel2()
+	_, err = l.Allow(cancelled, "k")
+	require.ErrorIs(t, err, context.Canceled)
 
 	srv.Restart(t)
 	mu.Lock()

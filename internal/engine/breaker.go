@@ -288,7 +288,7 @@ func (e *Engine) guardedRun(ctx context.Context, key string, nowArg any, n int) 
 		return e.runWithin(ctx, key, nowArg, n)
 	}
 	if err := ctx.Err(); err != nil {
-		return "", err
+		return "", doneBeforeCall{err}
 	}
 	probe, err := e.breaker.admit(e.unavailableSentinel)
 	if err != nil {
@@ -329,7 +329,8 @@ func (e *Engine) fallback(ctx context.Context, key string, n int, err error) (Re
 		return Reply{}, false
 	}
 	var unavailable *UnavailableError
-	if !errors.As(err, &unavailable) && Classify(ctx, err) != failed {
+	var early doneBeforeCall
+	if errors.As(err, &early) || !errors.As(err, &unavailable) && Classify(ctx, err) != failed {
 		return Reply{}, false
 	}
 	r, fbErr := e.fallbackFn(ctx, key, n)
@@ -338,6 +339,13 @@ func (e *Engine) fallback(ctx context.Context, key string, n int, err error) (Re
 	}
 	return r, true
 }
+
+// doneBeforeCall is the error of a call whose ctx was done before it
+// started: it never reached Redis, and neither the breaker nor the fallback
+// hears of it.
+type doneBeforeCall struct{ error }
+
+func (d doneBeforeCall) Unwrap() error { return d.error }
 
 // runWithin is run, returning when ctx ends even if the client has not. A
 // go-redis AutoPipeliner does not end a queued command at its ctx's
