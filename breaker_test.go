@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -327,3 +328,67 @@ func TestWarnsWithoutContextTimeout(t *testing.T) {
 type writerFunc func(p []byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// processCounter counts the scripts a go-redis client sends (not the
+// handshake of a new connection).
+type processCounter struct{ n atomic.Int64 }
+
+func (c *processCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *processCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			c.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (c *processCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestBreakerOneProbe pauses Redis, opens the breaker, and lets the
+// cooldown pass: of 16 goroutines calling at once, exactly one reaches
+// Redis (and waits for its deadline); every other call fails at once.
+func TestBreakerOneProbe(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := recommendedClient(t, srv.Addr())
+	var sent processCounter
+	rdb.AddHook(&sent)
+	h := newBreakerHarness(t, 1, time.Second)
+	l, err := NewFixedWindow(rdb, 100, time.Minute, WithBreaker(h.Breaker))
+	require.NoError(t, err)
+	_, err = l.Allow(context.Background(), "k")
+	require.NoError(t, err)
+
+	require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGSTOP))
+	defer func() { require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGCONT)) }()
+	err, _ = callWithin(l, "k", 50*time.Millisecond)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Equal(t, BreakerOpen, h.State())
+
+	h.advance(time.Second)
+	before := sent.n.Load()
+	var wg sync.WaitGroup
+	var fast, slow atomic.Int64
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 10 {
+				err, took := callWithin(l, "k", 100*time.Millisecond)
+				require.Error(t, err)
+				if errors.Is(err, ErrUnavailable) {
+					fast.Add(1)
+					require.Less(t, took, 5*time.Millisecond)
+				} else {
+					slow.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.EqualValues(t, 1, sent.n.Load()-before, "exactly one probe reached Redis")
+	require.EqualValues(t, 1, slow.Load(), "the probe waited for its deadline")
+	require.EqualValues(t, 159, fast.Load())
+	require.Equal(t, BreakerOpen, h.State(), "the probe failed: open again")
+}
