@@ -68,6 +68,7 @@ type logState struct {
 	buckets []logBucket
 	cursor  []int // into buckets
 	total   []int64
+	lastB   int64 // the bucket of the last decision
 }
 
 type logBucket struct{ index, count int64 }
@@ -148,6 +149,8 @@ func (l *log) AllowN(_ context.Context, key string, n int) (redlimit.Result, err
 // strategy's cursor and total follow its window.
 func (l *log) advance(s *logState, b int64) {
 	S := len(l.sizes)
+	back := b < s.lastB
+	s.lastB = b
 	if k := len(s.buckets); k > 0 && s.buckets[k-1].index > b {
 		var folded int64
 		for k > 0 && s.buckets[k-1].index >= b {
@@ -155,6 +158,11 @@ func (l *log) advance(s *logState, b int64) {
 			k--
 		}
 		s.buckets = append(s.buckets[:k], logBucket{index: b, count: folded})
+		back = true
+	}
+	if back {
+		// The clock went back: a shorter window takes back buckets it had
+		// let go (the longest window never let go of any still stored).
 		for i := range S {
 			s.cursor[i], s.total[i] = 0, 0
 		}
