@@ -168,15 +168,21 @@ func TestBreakerOnStoppedRedis(t *testing.T) {
 		{"SIGSTOP", func() { require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGSTOP)) }, func() { require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGCONT)) }},
 		{"proxy drops replies", func() { proxy.SetDrop(true) }, func() { proxy.SetDrop(false) }},
 	} {
-		for _, pipelined := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/AutoPipeline=%v", fault.name, pipelined), func(t *testing.T) {
+		for _, client := range []string{"recommended", "AutoPipeline", "without ContextTimeoutEnabled"} {
+			t.Run(fault.name+"/"+client, func(t *testing.T) {
 				var rdb redis.Scripter = recommendedClient(t, proxy.Addr())
-				if pipelined {
+				switch client {
+				case "AutoPipeline":
 					// go-redis's AutoPipeliner ignores ctx deadlines of queued
 					// commands: the engine must end the call itself.
 					ap, err := rdb.(*redis.Client).AutoPipeline()
 					require.NoError(t, err)
 					rdb = ap
+				case "without ContextTimeoutEnabled":
+					// It waits for ReadTimeout (5s): the engine ends the call.
+					plain := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
+					t.Cleanup(func() { plain.Close() })
+					rdb = plain
 				}
 				h := newBreakerHarness(t, 3, time.Second)
 				l, err := NewTokenBucket(rdb, 10, PerSecond(10), WithBreaker(h.Breaker))

@@ -347,16 +347,18 @@ type doneBeforeCall struct{ error }
 
 func (d doneBeforeCall) Unwrap() error { return d.error }
 
-// runWithin is run, returning when ctx ends even if the client has not. A
-// go-redis AutoPipeliner does not end a queued command at its ctx's
-// deadline: with Redis paused, every call waited for Redis (measured: 1.5s
-// for a 300ms deadline). For it, and only when ctx can end, the round trip
-// runs in its own goroutine and is abandoned when ctx ends; its reply, if
-// one comes, is dropped, like a reply that comes after a socket timeout (the
-// permits may have been taken, never reported). The open breaker keeps such
-// goroutines few: they pile up only until it opens.
+// runWithin is run, returning when ctx ends even if the client has not.
+// Two clients do not end a call at its ctx's deadline: go-redis's
+// AutoPipeliner (a queued command waits for Redis: a 300ms call on a paused
+// Redis took 0.5-1.5s), and a client without ContextTimeoutEnabled (it
+// waits for ReadTimeout: 5s measured). For them, and only when ctx can end,
+// the round trip runs in its own goroutine and is abandoned when ctx ends;
+// its reply, if one comes, is dropped, like a reply after a socket timeout
+// (the permits may have been taken, never reported), and the goroutine
+// holds its connection until the client gives up. The open breaker keeps
+// such goroutines few: they pile up only until it opens.
 func (e *Engine) runWithin(ctx context.Context, key string, nowArg any, n int) (string, error) {
-	if _, ok := e.rdb.(*redis.AutoPipeliner); !ok || ctx.Done() == nil {
+	if ctx.Done() == nil || !ignoresDeadlines(e.rdb) {
 		return e.run(ctx, key, nowArg, n)
 	}
 	type result struct {
@@ -372,6 +374,27 @@ func (e *Engine) runWithin(ctx context.Context, key string, nowArg any, n int) (
 	case r := <-done:
 		return r.text, r.err
 	case <-ctx.Done():
-		return "", ctx.Err()
+		select {
+		case r := <-done: // both were ready: a decision made is reported
+			return r.text, r.err
+		default:
+			return "", ctx.Err()
+		}
 	}
+}
+
+// ignoresDeadlines reports a client that does not end a call when its ctx
+// does.
+func ignoresDeadlines(rdb redis.Scripter) bool {
+	switch c := rdb.(type) {
+	case *redis.Client:
+		return !c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return !c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return !c.Options().ContextTimeoutEnabled
+	case *redis.AutoPipeliner:
+		return true
+	}
+	return false
 }
