@@ -78,12 +78,15 @@ type Breaker struct {
 	cfg      BreakerConfig
 	state    atomic.Int32
 	failures atomic.Int32
-	// openUntil is when the cooldown ends, in ns on cfg.Now's clock;
+	// openUntil is when the cooldown ends, in ns since base on cfg.Now's
+	// clock (monotonic with time.Now: a wall clock that jumps neither
+	// shortens nor stretches a cooldown);
 	// lastErr the Redis error that opened it. Written under mu before
 	// state becomes stOpen, read after state reads stOpen.
 	openUntil atomic.Int64
 	lastErr   atomic.Pointer[error]
 	mu        sync.Mutex // serialises state changes and their OnChange calls
+	base      time.Time
 }
 
 // NewBreaker returns a closed breaker.
@@ -91,7 +94,7 @@ func NewBreaker(cfg BreakerConfig) *Breaker {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Breaker{cfg: cfg}
+	return &Breaker{cfg: cfg, base: cfg.Now()}
 }
 
 // State returns the breaker's state now: an open breaker whose cooldown has
@@ -142,7 +145,7 @@ func (b *Breaker) admit(sentinel error) (probe bool, err error) {
 	now := b.cfg.Now()
 	switch s {
 	case stOpen:
-		if wait := time.Duration(b.openUntil.Load() - now.UnixNano()); wait > 0 {
+		if wait := time.Duration(b.openUntil.Load() - int64(now.Sub(b.base))); wait > 0 {
 			return false, b.unavailable(sentinel, wait)
 		}
 		if b.transition(stOpen, stProbing, nil, now) {
@@ -159,7 +162,7 @@ func (b *Breaker) admit(sentinel error) (probe bool, err error) {
 	case stClosed:
 		return false, nil
 	case stOpen:
-		if wait := time.Duration(b.openUntil.Load() - now.UnixNano()); wait > 0 {
+		if wait := time.Duration(b.openUntil.Load() - int64(now.Sub(b.base))); wait > 0 {
 			return false, b.unavailable(sentinel, wait)
 		}
 	}
@@ -223,7 +226,7 @@ func (b *Breaker) transition(from, to int32, err error, now time.Time) bool {
 	}
 	if to == stOpen {
 		b.lastErr.Store(&err)
-		b.openUntil.Store(now.Add(b.cfg.Cooldown).UnixNano())
+		b.openUntil.Store(int64(now.Sub(b.base) + b.cfg.Cooldown))
 	}
 	if to == stClosed {
 		b.failures.Store(0)
