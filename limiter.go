@@ -205,6 +205,8 @@ type limiter struct {
 	// limits holds Result.Limit by the strategy index a script reports; one
 	// entry for every algorithm but SlidingLog.
 	limits []int
+	// fallback is WithFallback's limiter, or nil.
+	fallback Limiter
 }
 
 // spec is what an algorithm's constructor hands newLimiter.
@@ -237,7 +239,7 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 	if o.prefixSet {
 		prefix = o.prefix
 	}
-	l := limiter{limits: s.limits}
+	l := limiter{limits: s.limits, fallback: o.outage.fallback}
 	cfg := engine.Config{
 		Algorithm: s.algorithm,
 		Prefix:    prefix,

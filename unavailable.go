@@ -250,3 +250,21 @@ func warnIgnoredDeadlines(rdb redis.Scripter) {
 		"(ContextTimeoutEnabled is false): a slow or paused Redis holds each call for ReadTimeout (3s by default). " +
 		"Set ContextTimeoutEnabled: true (see the README, Failure behaviour).")
 }
+
+// fallbackDenial is the error of a TryAcquire the fallback denied: it names
+// the fallback's strategy, found by its limit among the fallback's own
+// strategies when it reports them (inmem.SlidingLog does), else among this
+// limiter's.
+func (s *SlidingLog) fallbackDenial(r Result) error {
+	strategies := s.strategies
+	if fb, ok := s.fallback.(interface{ Strategies() []Strategy }); ok {
+		strategies = fb.Strategies()
+	}
+	window := strategies[0].Window
+	for _, st := range strategies {
+		if st.Limit == r.Limit {
+			window = st.Window
+		}
+	}
+	return &ViolationStrategyError{Limit: r.Limit, Window: window, RetryAfter: r.RetryAfter}
+}

@@ -99,3 +99,31 @@ func TestFallbackDecidesWhileRedisIsDown(t *testing.T) {
 	require.Equal(t, []string{"closed>open", "open>half-open", "half-open>closed"}, changes)
 	mu.Unlock()
 }
+
+// TestFallbackSlidingLogDenial: a TryAcquire the fallback denies names the
+// fallback's strategy, not the Redis limiter's.
+func TestFallbackSlidingLogDenial(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{
+		Addr: srv.Addr(), DialTimeout: 100 * time.Millisecond, DialerRetries: 1,
+		ContextTimeoutEnabled: true, MaxRetries: -1, DisableIdentity: true,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	})
+	t.Cleanup(func() { rdb.Close() })
+	clock := &fakeClock{now: epoch}
+	fb, err := NewSlidingLog(100*time.Millisecond, []redlimit.Strategy{{Limit: 3, Window: time.Second}, {Limit: 10, Window: time.Minute}}, WithClock(clock.Now))
+	require.NoError(t, err)
+	l, err := redlimit.NewSlidingLog(rdb, 100*time.Millisecond, []redlimit.Strategy{{Limit: 12, Window: time.Second}, {Limit: 40, Window: time.Minute}}, redlimit.WithFallback(fb))
+	require.NoError(t, err)
+	require.NoError(t, srv.Kill())
+	ctx := context.Background()
+	for i := range 3 {
+		require.NoError(t, l.TryAcquire(ctx, "k"), "call %d: within the fallback's 3 per second", i)
+	}
+	err = l.TryAcquire(ctx, "k")
+	var v *redlimit.ViolationStrategyError
+	require.ErrorAs(t, err, &v)
+	require.Equal(t, 3, v.Limit)
+	require.Equal(t, time.Second, v.Window)
+	require.Equal(t, time.Second, v.RetryAfter)
+}
