@@ -136,6 +136,7 @@ type options struct {
 	denyCache    int
 	denyCacheSet bool
 	observer     func(Decision)
+	outage       outageOptions // unavailable.go
 }
 
 // WithPrefix sets the Redis key prefix: the key of a call is exactly
@@ -192,6 +193,9 @@ type Decision struct {
 	Latency time.Duration
 	// Local reports a denial answered by the deny cache, without a round trip.
 	Local bool
+	// Fallback reports a call that Redis could not decide and the
+	// WithFallback limiter did: Result is the fallback's own, Err is nil.
+	Fallback bool
 }
 
 // limiter is the part every algorithm shares: it turns engine replies into
@@ -201,6 +205,8 @@ type limiter struct {
 	// limits holds Result.Limit by the strategy index a script reports; one
 	// entry for every algorithm but SlidingLog.
 	limits []int
+	// fallback is WithFallback's limiter, or nil.
+	fallback Limiter
 }
 
 // spec is what an algorithm's constructor hands newLimiter.
@@ -233,7 +239,7 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 	if o.prefixSet {
 		prefix = o.prefix
 	}
-	l := limiter{limits: s.limits}
+	l := limiter{limits: s.limits, fallback: o.outage.fallback}
 	cfg := engine.Config{
 		Algorithm: s.algorithm,
 		Prefix:    prefix,
@@ -245,9 +251,12 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 		DenyCache: o.denyCache,
 		Capacity:  slices.Min(s.limits),
 	}
+	if err := o.outage.configure(s.algorithm, rdb, &cfg); err != nil {
+		return limiter{}, err
+	}
 	if fn := o.observer; fn != nil {
 		cfg.Observe = func(ev engine.Event) {
-			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local}
+			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.Fallback != nil}
 			if ev.Err == nil {
 				d.Result = l.result(ev.Reply)
 			}
@@ -271,6 +280,9 @@ func isNilPointer(v any) bool {
 }
 
 func (l *limiter) result(r engine.Reply) Result {
+	if res, ok := r.Fallback.(Result); ok {
+		return res
+	}
 	return Result{
 		Allowed:    r.Allowed,
 		Limit:      l.limits[r.Strategy],

@@ -50,7 +50,7 @@ const (
 	// go-redis stops dialing after PoolSize failed dials in a row and then
 	// probes once a second, so a client may take that second, plus a dial
 	// (relDialSlack), to notice.
-	relRecovery  = time.Second
+	relRecovery  = time.Second + DefaultBreakerCooldown // go-redis re-dials once a second, then the breaker's probe
 	relDialSlack = 250 * time.Millisecond
 )
 
@@ -258,6 +258,10 @@ func relUsed(t *testing.T, limiters []Limiter, limit int, keys []relKey) map[rel
 	used := make(map[relKey]int, len(keys))
 	for _, k := range keys {
 		r, err := limiters[k.alg].AllowN(context.Background(), k.key, 0)
+		for deadline := time.Now().Add(2 * DefaultBreakerCooldown); errors.Is(err, ErrUnavailable) && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond) // right after a fault: the breaker's cooldown
+			r, err = limiters[k.alg].AllowN(context.Background(), k.key, 0)
+		}
 		require.NoError(t, err, "reading the state of %q", k.key)
 		used[k] = limit - r.Remaining
 	}

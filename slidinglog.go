@@ -92,6 +92,9 @@ func (s *SlidingLog) TryAcquire(ctx context.Context, key string) error {
 	if r.Allowed {
 		return nil
 	}
+	if res, ok := r.Fallback.(Result); ok {
+		return s.fallbackDenial(res) // unavailable.go
+	}
 	st := s.strategies[r.Strategy]
 	return &ViolationStrategyError{Limit: st.Limit, Window: st.Window, RetryAfter: r.RetryAfter}
 }

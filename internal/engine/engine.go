@@ -22,6 +22,12 @@ type Config struct {
 	DenyCache int // entries; 0 = off
 	Capacity  int // the most permits one request can ever get (the smallest limit)
 	Observe   func(Event)
+	// Breaker guards the round trips (nil: none); Unavailable is the
+	// sentinel its errors match. Fallback, when set, decides a call Redis
+	// could not: see breaker.go.
+	Breaker     *Breaker
+	Unavailable error
+	Fallback    func(ctx context.Context, key string, n int) (Reply, error)
 }
 
 // Event is what the observer is told of one call.
@@ -51,6 +57,10 @@ type Engine struct {
 	clock     func() time.Time
 	cache     *denyCache
 	observe   func(Event)
+
+	breaker             *Breaker
+	unavailableSentinel error
+	fallbackFn          func(ctx context.Context, key string, n int) (Reply, error)
 }
 
 // New returns an engine for cfg. The caller has validated cfg.
@@ -64,6 +74,10 @@ func New(rdb redis.Scripter, cfg Config) *Engine {
 		policies:  max(cfg.Policies, 1),
 		clock:     cfg.Clock,
 		observe:   cfg.Observe,
+
+		breaker:             cfg.Breaker,
+		unavailableSentinel: cfg.Unavailable,
+		fallbackFn:          cfg.Fallback,
 	}
 	if cfg.DenyCache > 0 {
 		e.cache = newDenyCache(cfg.DenyCache, cfg.Capacity)
@@ -162,8 +176,11 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 		}
 		generation = e.cache.begin()
 	}
-	text, err := e.run(ctx, key, nowArg, n)
+	text, err := e.guardedRun(ctx, key, nowArg, n)
 	if err != nil {
+		if r, ok := e.fallback(ctx, key, n, err); ok {
+			return r, false, nil
+		}
 		return Reply{}, false, e.redisError(ctx, "", err)
 	}
 	r, err = parseReplyText(text)

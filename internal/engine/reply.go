@@ -15,6 +15,9 @@ type Reply struct {
 	RetryAfter time.Duration // Never when the request exceeds the capacity
 	ResetAfter time.Duration
 	Strategy   int // sliding log: index of the reported strategy; 0 otherwise
+	// Fallback is non-nil when Config.Fallback decided instead of Redis: its
+	// own result, for the caller to report as it is.
+	Fallback any
 }
 
 // replyFields is the number of integers every script returns:

@@ -1,0 +1,400 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/faultproxy"
+	"github.com/redlimit/redlimit/internal/redistest"
+)
+
+// recommendedClient is the client the README recommends for a limiter
+// that must fail fast: see "Failure behaviour".
+func recommendedClient(t *testing.T, addr string) *redis.Client {
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                     addr,
+		DialTimeout:              100 * time.Millisecond,
+		DialerRetries:            1,
+		ReadTimeout:              500 * time.Millisecond,
+		WriteTimeout:             500 * time.Millisecond,
+		PoolTimeout:              500 * time.Millisecond,
+		ContextTimeoutEnabled:    true,
+		MaxRetries:               -1,
+		DisableIdentity:          true,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// breakerHarness is a breaker on a settable clock that records its state
+// changes.
+type breakerHarness struct {
+	*Breaker
+	mu      sync.Mutex
+	now     time.Time
+	changes []string
+	lastErr error
+}
+
+func newBreakerHarness(t *testing.T, failures int, cooldown time.Duration) *breakerHarness {
+	h := &breakerHarness{now: epoch}
+	b, err := NewBreaker(BreakerConfig{
+		Failures: failures, Cooldown: cooldown,
+		Now: func() time.Time {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			return h.now
+		},
+		OnChange: func(c BreakerChange) {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			h.changes = append(h.changes, c.From.String()+">"+c.To.String())
+			if c.Err != nil {
+				h.lastErr = c.Err
+			}
+		},
+	})
+	require.NoError(t, err)
+	h.Breaker = b
+	return h
+}
+
+func (h *breakerHarness) advance(d time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.now = h.now.Add(d)
+}
+
+func (h *breakerHarness) seen() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.changes...)
+}
+
+// callWithin makes one call with a ctx deadline and returns its error and
+// how long it took.
+func callWithin(l Limiter, key string, deadline time.Duration) (error, time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	start := time.Now()
+	_, err := l.Allow(ctx, key)
+	return err, time.Since(start)
+}
+
+// TestBreakerOnKilledRedis kills a real Redis under every algorithm: the
+// breaker opens after its failures, answers at once with ErrUnavailable
+// wrapping the refused dial, lets one probe through after the cooldown, and
+// closes when Redis is back.
+func TestBreakerOnKilledRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, alg := range faultAlgs() {
+		t.Run(alg.name, func(t *testing.T) {
+			// A client each: after PoolSize failed dials in a row, go-redis
+			// stops dialing for up to a second on its own.
+			rdb := recommendedClient(t, srv.Addr())
+			h := newBreakerHarness(t, 3, time.Second)
+			l, err := alg.make(rdb, WithBreaker(h.Breaker))
+			require.NoError(t, err)
+			_, err = l.Allow(context.Background(), "k")
+			require.NoError(t, err)
+
+			require.NoError(t, srv.Kill())
+			for i := range 3 {
+				err, _ := callWithin(l, "k", 300*time.Millisecond)
+				require.Error(t, err, "call %d", i)
+				require.NotErrorIs(t, err, ErrUnavailable, "call %d: the breaker is still closed", i)
+			}
+			require.Equal(t, BreakerOpen, h.State())
+			require.Equal(t, []string{"closed>open"}, h.seen())
+			for range 20 {
+				err, took := callWithin(l, "k", 300*time.Millisecond)
+				require.ErrorIs(t, err, ErrUnavailable)
+				require.ErrorIs(t, err, syscall.ECONNREFUSED, "the last Redis error is wrapped: %v", err)
+				require.NotErrorIs(t, err, ErrAcquireFailed)
+				var ra interface{ RetryAfter() time.Duration }
+				require.True(t, errors.As(err, &ra))
+				require.Equal(t, time.Second, ra.RetryAfter(), "the fake clock stands still: the whole cooldown is left")
+				require.Less(t, took, 5*time.Millisecond, "an open breaker answers without a round trip")
+			}
+
+			// The cooldown passes while Redis is still down: the probe fails
+			// and the breaker opens again.
+			h.advance(time.Second)
+			err, _ = callWithin(l, "k", 300*time.Millisecond)
+			require.Error(t, err)
+			require.NotErrorIs(t, err, ErrUnavailable, "this call is the probe: it went to Redis")
+			require.Equal(t, BreakerOpen, h.State())
+
+			srv.Restart(t)
+			err, _ = callWithin(l, "k", 300*time.Millisecond)
+			require.ErrorIs(t, err, ErrUnavailable, "still within the cooldown")
+			h.advance(time.Second)
+			err, _ = callWithin(l, "k", time.Second)
+			require.NoError(t, err, "the probe after the cooldown finds Redis back")
+			require.Equal(t, BreakerClosed, h.State())
+			require.Equal(t, []string{"closed>open", "open>half-open", "half-open>open", "open>half-open", "half-open>closed"}, h.seen())
+		})
+	}
+}
+
+// TestBreakerOnStoppedRedis pauses a real Redis (SIGSTOP) and then drops
+// every reply at a proxy: the calls that wait for their deadline count as
+// failures, the breaker opens, and calls then fail at once with an error
+// that still matches context.DeadlineExceeded.
+func TestBreakerOnStoppedRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy, err := faultproxy.Start(srv.Addr())
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+
+	for _, fault := range []struct {
+		name        string
+		break_, fix func()
+	}{
+		{"SIGSTOP", func() { require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGSTOP)) }, func() { require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGCONT)) }},
+		{"proxy drops replies", func() { proxy.SetDrop(true) }, func() { proxy.SetDrop(false) }},
+	} {
+		for _, client := range []string{"recommended", "AutoPipeline", "without ContextTimeoutEnabled"} {
+			t.Run(fault.name+"/"+client, func(t *testing.T) {
+				var rdb redis.Scripter = recommendedClient(t, proxy.Addr())
+				switch client {
+				case "AutoPipeline":
+					// go-redis's AutoPipeliner ignores ctx deadlines of queued
+					// commands: the engine must end the call itself.
+					ap, err := rdb.(*redis.Client).AutoPipeline()
+					require.NoError(t, err)
+					rdb = ap
+				case "without ContextTimeoutEnabled":
+					// It waits for ReadTimeout (5s): the engine ends the call.
+					plain := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
+					t.Cleanup(func() { plain.Close() })
+					rdb = plain
+				}
+				h := newBreakerHarness(t, 3, time.Second)
+				l, err := NewTokenBucket(rdb, 10, PerSecond(10), WithBreaker(h.Breaker))
+				require.NoError(t, err)
+				_, err = l.Allow(context.Background(), "k")
+				require.NoError(t, err)
+
+				fault.break_()
+				defer fault.fix()
+				for i := range 3 {
+					err, took := callWithin(l, "k", 100*time.Millisecond)
+					require.ErrorIs(t, err, context.DeadlineExceeded, "call %d", i)
+					require.Less(t, took, 110*time.Millisecond, "call %d: within its deadline + 10ms", i)
+				}
+				require.Equal(t, BreakerOpen, h.State())
+				err, took := callWithin(l, "k", 100*time.Millisecond)
+				require.ErrorIs(t, err, ErrUnavailable)
+				require.ErrorIs(t, err, context.DeadlineExceeded)
+				require.Less(t, took, 5*time.Millisecond)
+
+				fault.fix()
+				h.advance(time.Second)
+				err, _ = callWithin(l, "k", time.Second)
+				require.NoError(t, err, "the probe finds Redis back")
+				require.Equal(t, BreakerClosed, h.State())
+			})
+		}
+	}
+}
+
+// TestBreakerStaysClosed checks what must never open the breaker: denials,
+// bad input, a ctx the caller cancelled or that was done before the call,
+// and a key holding a foreign value.
+func TestBreakerStaysClosed(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		h := newBreakerHarness(t, 1, time.Second)
+		l, err := NewFixedWindow(b.rdb, 1, time.Minute, WithBreaker(h.Breaker), WithPrefix("closed:"))
+		require.NoError(t, err)
+		ctx := context.Background()
+		require.NoError(t, l.TryAcquire(ctx, "k"))
+		for range 3 {
+			require.ErrorIs(t, l.TryAcquire(ctx, "k"), ErrAcquireFailed)
+		}
+		_, err = l.AllowN(ctx, "", 1)
+		require.ErrorIs(t, err, ErrInvalidArgument)
+		_, err = l.AllowN(ctx, "k", -1)
+		require.ErrorIs(t, err, ErrInvalidArgument)
+		cancelled, cancel := context.WithCancel(ctx)
+		cancel()
+		_, err = l.Allow(cancelled, "k")
+		require.ErrorIs(t, err, context.Canceled)
+		expired, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+		defer cancel()
+		_, err = l.Allow(expired, "k")
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.NoError(t, b.rdb.Set(ctx, "closed:foreign", "hello", 0).Err())
+		_, err = l.Allow(ctx, "foreign")
+		require.Error(t, err)
+		require.Equal(t, BreakerClosed, h.State(), "Failures is 1: any of these would have opened it")
+		require.Empty(t, h.seen())
+	})
+}
+
+// TestRecommendedClientFailsFast kills Redis and compares go-redis with
+// its default dial retries (5 tries 100ms apart: a 300ms deadline is spent
+// in full) with the README's client (one dial: refused at once), with the
+// breaker off to see the client alone.
+func TestRecommendedClientFailsFast(t *testing.T) {
+	srv := redistest.Start(t)
+	plain := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { plain.Close() })
+	recommended := recommendedClient(t, srv.Addr())
+	lp, err := NewTokenBucket(plain, 10, PerSecond(10), WithoutBreaker())
+	require.NoError(t, err)
+	lr, err := NewTokenBucket(recommended, 10, PerSecond(10), WithoutBreaker())
+	require.NoError(t, err)
+	require.NoError(t, srv.Kill())
+
+	var slowest time.Duration
+	for range 5 {
+		err, took := callWithin(lr, "k", 300*time.Millisecond)
+		require.ErrorIs(t, err, syscall.ECONNREFUSED)
+		slowest = max(slowest, took)
+	}
+	require.Less(t, slowest, 50*time.Millisecond, "the recommended client fails at once")
+	err, took := callWithin(lp, "k", 300*time.Millisecond)
+	require.Error(t, err)
+	require.Greater(t, took, 250*time.Millisecond, "go-redis's default dial retries hold the call to its deadline")
+	t.Logf("killed Redis: recommended client slowest of 5 calls %v; default client %v (deadline 300ms)", slowest, took)
+}
+
+func TestBreakerOptions(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, DialerRetries: 1})
+	defer rdb.Close()
+	_, err := NewBreaker(BreakerConfig{Failures: -1})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	_, err = NewBreaker(BreakerConfig{Cooldown: -time.Second})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	_, err = NewFixedWindow(rdb, 1, time.Second, WithBreaker(nil))
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	_, err = NewFixedWindow(rdb, 1, time.Second, WithFallback(nil))
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	var typedNil *FixedWindow
+	_, err = NewFixedWindow(rdb, 1, time.Second, WithFallback(typedNil))
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	require.Equal(t, "half-open", BreakerHalfOpen.String())
+
+	// Without a breaker every call goes to the dead address.
+	l, err := NewFixedWindow(rdb, 1, time.Second, WithoutBreaker())
+	require.NoError(t, err)
+	for i := range DefaultBreakerFailures + 3 {
+		_, err := l.Allow(context.Background(), "k")
+		require.Error(t, err)
+		require.NotErrorIs(t, err, ErrUnavailable, fmt.Sprint("call ", i))
+	}
+	// The default breaker opens after DefaultBreakerFailures.
+	l, err = NewFixedWindow(rdb, 1, time.Second)
+	require.NoError(t, err)
+	for range DefaultBreakerFailures {
+		_, err := l.Allow(context.Background(), "k")
+		require.NotErrorIs(t, err, ErrUnavailable)
+	}
+	_, err = l.Allow(context.Background(), "k")
+	require.ErrorIs(t, err, ErrUnavailable)
+}
+
+// TestWarnsWithoutContextTimeout: a go-redis client that ignores ctx
+// deadlines while reading is named in the log, once per client.
+func TestWarnsWithoutContextTimeout(t *testing.T) {
+	var buf strings.Builder
+	var mu sync.Mutex
+	log.SetOutput(writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return buf.Write(p) }))
+	t.Cleanup(func() { log.SetOutput(os.Stderr) })
+	plain := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer plain.Close()
+	good := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	defer good.Close()
+	for range 3 {
+		_, err := NewFixedWindow(plain, 1, time.Second)
+		require.NoError(t, err, "a warning, not an error")
+		_, err = NewTokenBucket(good, 1, PerSecond(1))
+		require.NoError(t, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, 1, strings.Count(buf.String(), "ContextTimeoutEnabled is false"), "one warning for the plain client, none for the other: %q", buf.String())
+}
+
+type writerFunc func(p []byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// processCounter counts the scripts a go-redis client sends (not the
+// handshake of a new connection).
+type processCounter struct{ n atomic.Int64 }
+
+func (c *processCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *processCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			c.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (c *processCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestBreakerOneProbe pauses Redis, opens the breaker, and lets the
+// cooldown pass: of 16 goroutines calling at once, exactly one reaches
+// Redis (and waits for its deadline); every other call fails at once.
+func TestBreakerOneProbe(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := recommendedClient(t, srv.Addr())
+	var sent processCounter
+	rdb.AddHook(&sent)
+	h := newBreakerHarness(t, 1, time.Second)
+	l, err := NewFixedWindow(rdb, 100, time.Minute, WithBreaker(h.Breaker))
+	require.NoError(t, err)
+	_, err = l.Allow(context.Background(), "k")
+	require.NoError(t, err)
+
+	require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGSTOP))
+	defer func() { require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGCONT)) }()
+	err, _ = callWithin(l, "k", 50*time.Millisecond)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Equal(t, BreakerOpen, h.State())
+
+	h.advance(time.Second)
+	before := sent.n.Load()
+	var wg sync.WaitGroup
+	var fast, slow atomic.Int64
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 10 {
+				err, took := callWithin(l, "k", 100*time.Millisecond)
+				require.Error(t, err)
+				if errors.Is(err, ErrUnavailable) {
+					fast.Add(1)
+					require.Less(t, took, 5*time.Millisecond)
+				} else {
+					slow.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.EqualValues(t, 1, sent.n.Load()-before, "exactly one probe reached Redis")
+	require.EqualValues(t, 1, slow.Load(), "the probe waited for its deadline")
+	require.EqualValues(t, 159, fast.Load())
+	require.Equal(t, BreakerOpen, h.State(), "the probe failed: open again")
+}

@@ -1,0 +1,183 @@
+package inmem
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redlimit/redlimit"
+)
+
+// LeakyBucket smooths traffic to a steady rate, in process: its level
+// starts at 0 and drains continuously at the leak rate; a request of n is
+// allowed if level + n <= capacity, which then adds n. It decides as
+// redlimit.LeakyBucket does (and, at equal capacity and rate, as a
+// TokenBucket does).
+type LeakyBucket struct{ bucket }
+
+// TokenBucket allows bursts up to its capacity and a steady refill rate
+// beyond, in process: it starts full and refills continuously up to
+// capacity; a request of n is allowed if n tokens are there, and takes
+// them. It decides as redlimit.TokenBucket does.
+type TokenBucket struct{ bucket }
+
+var (
+	_ redlimit.Limiter = (*LeakyBucket)(nil)
+	_ redlimit.Limiter = (*TokenBucket)(nil)
+)
+
+// NewLeakyBucket returns an in-process leaky bucket of capacity permits
+// that drains at leak. The bounds are redlimit.NewLeakyBucket's; bad values
+// are redlimit.ErrInvalidConfig.
+func NewLeakyBucket(capacity int, leak redlimit.Rate, opts ...Option) (*LeakyBucket, error) {
+	b, err := newBucket("leaky_bucket", "leak", capacity, leak, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &LeakyBucket{b}, nil
+}
+
+// NewTokenBucket returns an in-process token bucket of capacity tokens
+// refilled at refill. The bounds are redlimit.NewTokenBucket's; bad values
+// are redlimit.ErrInvalidConfig.
+func NewTokenBucket(capacity int, refill redlimit.Rate, opts ...Option) (*TokenBucket, error) {
+	b, err := newBucket("token_bucket", "refill", capacity, refill, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &TokenBucket{b}, nil
+}
+
+// bucket is both buckets, in the level view of the leaky one (the token
+// bucket's missing tokens). The rate count/per µs is reduced and exact in
+// ticks of 1/count µs: one permit is per ticks, a full bucket capacity ×
+// per ticks, and one µs drains count ticks.
+type bucket struct {
+	algorithm string
+	per       int64 // ticks per permit
+	count     int64 // ticks drained per µs
+	full      int64 // capacity × per
+	window    time.Duration
+	store     *store[bucketState]
+}
+
+type bucketState struct {
+	atUS  int64 // when level was taken
+	level int64 // ticks; > 0 in any stored state
+}
+
+func newBucket(algorithm, field string, capacity int, rate redlimit.Rate, opts []Option) (bucket, error) {
+	if err := permits(algorithm, "capacity", capacity); err != nil {
+		return bucket{}, err
+	}
+	if rate.Count < 1 {
+		return bucket{}, fmt.Errorf("redlimit: inmem %s: %s count %d: must be at least 1: %w", algorithm, field, rate.Count, redlimit.ErrInvalidConfig)
+	}
+	perUS, err := micros(algorithm, field+" period", rate.Per)
+	if err != nil {
+		return bucket{}, err
+	}
+	count := int64(rate.Count)
+	g := gcd(count, perUS)
+	count, perUS = count/g, perUS/g
+	if perUS > maxLevel/int64(capacity) {
+		return bucket{}, fmt.Errorf("redlimit: inmem %s: capacity %d at %s %d per %v: capacity × period is too large for exact arithmetic: %w",
+			algorithm, capacity, field, rate.Count, rate.Per, redlimit.ErrInvalidConfig)
+	}
+	o, err := newOptions(algorithm, opts)
+	if err != nil {
+		return bucket{}, err
+	}
+	b := bucket{algorithm: algorithm, per: perUS, count: count, full: int64(capacity) * perUS,
+		window: time.Duration(ceilDiv(int64(capacity)*perUS, count)) * time.Microsecond}
+	b.store = newStore[bucketState](o)
+	return b, nil
+}
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// AllowN takes n permits for key if all n are available, else none. err is
+// non-nil only for an empty key or n < 0 (redlimit.ErrInvalidArgument).
+// n == 0 reports the state; n above the capacity is denied with RetryAfter
+// redlimit.Never.
+func (b *bucket) AllowN(_ context.Context, key string, n int) (redlimit.Result, error) {
+	if err := checkCall(b.algorithm, key, n); err != nil {
+		return redlimit.Result{}, err
+	}
+	now := b.store.nowUS()
+	sh := b.store.shard(key)
+	sh.mu.Lock()
+	e := sh.m[key]
+	var s bucketState
+	if e != nil {
+		s = e.state
+	}
+	r, resetUS := b.decide(&s, now, int64(n))
+	sh.put(key, e, s, now, resetUS)
+	sh.mu.Unlock()
+	return r, nil
+}
+
+// levelAt is the level at t: drained since s.atUS, or, when the clock went
+// back, risen by as much, within [0, full].
+func (b *bucket) levelAt(s bucketState, t int64) int64 {
+	if s.level == 0 {
+		return 0
+	}
+	if t >= s.atUS {
+		if d := t - s.atUS; d < ceilDiv(s.level, b.count) {
+			return s.level - d*b.count
+		}
+		return 0
+	}
+	if d := s.atUS - t; d < ceilDiv(b.full-s.level, b.count) {
+		return s.level + d*b.count
+	}
+	return b.full
+}
+
+func (b *bucket) decide(s *bucketState, t, n int64) (redlimit.Result, int64) {
+	level := b.levelAt(*s, t)
+	need := n * b.per
+	r := redlimit.Result{Limit: int(b.full / b.per)}
+	switch {
+	case n > b.full/b.per:
+		r.RetryAfter = redlimit.Never
+	case level+need <= b.full:
+		r.Allowed = true
+		level += need
+	default:
+		r.RetryAfter = microsDuration(ceilDiv(level+need-b.full, b.count))
+	}
+	*s = bucketState{atUS: t, level: level}
+	r.Remaining = int((b.full - level) / b.per)
+	resetUS := ceilDiv(level, b.count)
+	r.ResetAfter = microsDuration(resetUS)
+	return r, resetUS
+}
+
+// Allow is AllowN(ctx, key, 1).
+func (b *bucket) Allow(ctx context.Context, key string) (redlimit.Result, error) {
+	return b.AllowN(ctx, key, 1)
+}
+
+// TryAcquire takes one permit for key: nil when allowed, a
+// *redlimit.ViolationStrategyError (matching redlimit.ErrAcquireFailed)
+// whose Window is the time the bucket takes to drain or refill completely.
+func (b *bucket) TryAcquire(ctx context.Context, key string) error {
+	return tryAcquire(ctx, b, key, func(redlimit.Result) time.Duration { return b.window })
+}
+
+// Reset forgets all state of key.
+func (b *bucket) Reset(_ context.Context, key string) error {
+	if err := checkCall(b.algorithm, key, 0); err != nil {
+		return err
+	}
+	b.store.reset(key)
+	return nil
+}

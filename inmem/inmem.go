@@ -1,0 +1,137 @@
+// Package inmem holds in-process rate limiters of the five redlimit
+// algorithms (fixed window, sliding window, sliding log, leaky bucket, token
+// bucket), with exactly the decisions of the Redis scripts: the same
+// Results, to the microsecond, for the same configuration and times. They
+// are tested against the same reference models as the scripts.
+//
+// Use them on their own, where one process is the whole service or in
+// tests, or as the fallback of a Redis limiter (redlimit.WithFallback) that
+// decides while Redis cannot. A fallback decides for this instance alone,
+// so give it this instance's share of the shared limit: see Share and
+// ShareRate.
+//
+//	rdbLimit := 1000 // per minute, for the whole service
+//	instances := 4
+//	fb, _ := inmem.NewSlidingWindow(inmem.Share(rdbLimit, instances), time.Minute, time.Second)
+//	l, _ := redlimit.NewSlidingWindow(rdb, rdbLimit, time.Minute, time.Second, redlimit.WithFallback(fb))
+//
+// Every limiter is safe for concurrent use, holds at most WithMaxKeys keys
+// (a key back in its initial state takes no room) and decides on time.Now
+// unless WithClock gives another clock. Time going backwards never panics,
+// never grants extra permits and never locks a key out for longer than its
+// configuration allows.
+package inmem
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redlimit/redlimit"
+)
+
+// Share returns one instance's share of a limit shared by instances: limit
+// / instances, rounded down, at least 1. The shares of all instances add up
+// to at most the limit (unless the limit is smaller than instances, where
+// each gets 1).
+func Share(limit, instances int) int {
+	if instances < 1 {
+		return limit
+	}
+	return max(1, limit/instances)
+}
+
+// ShareRate returns one instance's share of a rate shared by instances:
+// the same count over instances times the period, an exact ratio. With
+// Share(capacity, instances) it makes a bucket whose refill or drain time
+// is the shared bucket's.
+func ShareRate(rate redlimit.Rate, instances int) redlimit.Rate {
+	if instances < 1 {
+		return rate
+	}
+	return redlimit.Rate{Count: rate.Count, Per: rate.Per * time.Duration(instances)}
+}
+
+// Bounds, as the Redis limiters have them, so that both decide alike.
+const (
+	maxPermits = 1 << 40 // limits and capacities
+	maxMicros  = 1 << 44 // windows, precisions and rate periods
+	maxLevel   = 1 << 52 // capacity × reduced rate period
+)
+
+func newOptions(algorithm string, opts []Option) (options, error) {
+	o := options{maxKeys: DefaultMaxKeys}
+	for _, opt := range opts {
+		if opt == nil {
+			return o, fmt.Errorf("redlimit: inmem %s: nil Option: %w", algorithm, redlimit.ErrInvalidConfig)
+		}
+		opt(&o)
+		if o.maxKeys == -1 && o.now == nil {
+			return o, fmt.Errorf("redlimit: inmem %s: WithClock(nil): %w", algorithm, redlimit.ErrInvalidConfig)
+		}
+	}
+	if o.maxKeys < 1 {
+		return o, fmt.Errorf("redlimit: inmem %s: max keys %d: must be at least 1: %w", algorithm, o.maxKeys, redlimit.ErrInvalidConfig)
+	}
+	return o, nil
+}
+
+func micros(algorithm, field string, d time.Duration) (int64, error) {
+	switch {
+	case d < time.Millisecond:
+		return 0, fmt.Errorf("redlimit: inmem %s: %s %v: must be at least 1ms: %w", algorithm, field, d, redlimit.ErrInvalidConfig)
+	case d%time.Microsecond != 0:
+		return 0, fmt.Errorf("redlimit: inmem %s: %s %v: must be a whole number of microseconds: %w", algorithm, field, d, redlimit.ErrInvalidConfig)
+	case d/time.Microsecond > maxMicros:
+		return 0, fmt.Errorf("redlimit: inmem %s: %s %v: must be at most %v: %w", algorithm, field, d, maxMicros*time.Microsecond, redlimit.ErrInvalidConfig)
+	}
+	return int64(d / time.Microsecond), nil
+}
+
+func permits(algorithm, field string, n int) error {
+	if n < 1 || int64(n) > maxPermits {
+		return fmt.Errorf("redlimit: inmem %s: %s %d: must be between 1 and %d: %w", algorithm, field, n, int64(maxPermits), redlimit.ErrInvalidConfig)
+	}
+	return nil
+}
+
+// checkCall rejects what the Redis limiters reject before a round trip.
+func checkCall(algorithm, key string, n int) error {
+	if key == "" {
+		return fmt.Errorf("redlimit: inmem %s: key is empty: %w", algorithm, redlimit.ErrInvalidArgument)
+	}
+	if n < 0 {
+		return fmt.Errorf("redlimit: inmem %s: n %d: must not be negative: %w", algorithm, n, redlimit.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// microsDuration turns µs into a Duration; -1 is Never.
+func microsDuration(v int64) time.Duration {
+	if v < 0 {
+		return redlimit.Never
+	}
+	return time.Duration(v) * time.Microsecond
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+func ceilDiv(a, b int64) int64 { return -floorDiv(-a, b) }
+
+// tryAcquire is TryAcquire for every limiter here.
+func tryAcquire(ctx context.Context, l redlimit.Limiter, key string, window func(redlimit.Result) time.Duration) error {
+	r, err := l.AllowN(ctx, key, 1)
+	if err != nil {
+		return err
+	}
+	if r.Allowed {
+		return nil
+	}
+	return &redlimit.ViolationStrategyError{Limit: r.Limit, Window: window(r), RetryAfter: r.RetryAfter}
+}

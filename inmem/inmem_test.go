@@ -1,0 +1,206 @@
+package inmem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit"
+)
+
+// TestClockBackwards runs random traces whose clock also jumps back, and
+// checks what DESIGN promises then: no panic, never more grants in any
+// window than the limit allows (checked for the windows and buckets as the
+// burst a key can give at one instant), and never a wait longer than the
+// configuration allows.
+func TestClockBackwards(t *testing.T) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(9, 9))
+	for c := range 10 {
+		for _, dc := range randomDiffCases(rng) {
+			t.Run(fmt.Sprintf("%d/%s", c, dc.name), func(t *testing.T) {
+				clock := &fakeClock{now: epoch}
+				l, err := dc.make(WithClock(clock.Now))
+				require.NoError(t, err)
+				longest := 40 * dc.scale // the longest window or drain time of any case, with room
+				for i := range 2000 {
+					if rng.IntN(10) == 0 {
+						clock.Advance(-timeStep(rng, dc.scale))
+					} else {
+						clock.Advance(timeStep(rng, dc.scale))
+					}
+					r, err := l.AllowN(ctx, "k", 1)
+					require.NoError(t, err)
+					if !r.Allowed {
+						require.Positive(t, r.RetryAfter, "step %d", i)
+						require.LessOrEqual(t, r.RetryAfter, longest, "step %d: a wait longer than the configuration allows", i)
+					}
+					require.LessOrEqual(t, r.ResetAfter, longest, "step %d", i)
+					require.LessOrEqual(t, r.Remaining, r.Limit+30, "step %d", i)
+				}
+			})
+		}
+	}
+}
+
+// TestConcurrentGrantsExact has many goroutines drain one key of every
+// limiter at one instant: exactly the limit is granted.
+func TestConcurrentGrantsExact(t *testing.T) {
+	clock := &fakeClock{now: epoch}
+	mk := map[string]func() (redlimit.Limiter, error){
+		"fixed_window": func() (redlimit.Limiter, error) { return NewFixedWindow(100, time.Minute, WithClock(clock.Now)) },
+		"sliding_window": func() (redlimit.Limiter, error) {
+			return NewSlidingWindow(100, time.Minute, time.Second, WithClock(clock.Now))
+		},
+		"sliding_log": func() (redlimit.Limiter, error) {
+			return NewSlidingLog(time.Second, []redlimit.Strategy{{Limit: 100, Window: time.Minute}, {Limit: 1000, Window: time.Hour}}, WithClock(clock.Now))
+		},
+		"leaky_bucket": func() (redlimit.Limiter, error) {
+			return NewLeakyBucket(100, redlimit.PerMinute(1), WithClock(clock.Now))
+		},
+		"token_bucket": func() (redlimit.Limiter, error) {
+			return NewTokenBucket(100, redlimit.PerMinute(1), WithClock(clock.Now))
+		},
+	}
+	for name, make := range mk {
+		t.Run(name, func(t *testing.T) {
+			l, err := make()
+			require.NoError(t, err)
+			var granted atomic.Int64
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range 50 {
+						if l.TryAcquire(context.Background(), "hot") == nil {
+							granted.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			require.EqualValues(t, 100, granted.Load())
+			err = l.TryAcquire(context.Background(), "hot")
+			require.ErrorIs(t, err, redlimit.ErrAcquireFailed)
+			var v *redlimit.ViolationStrategyError
+			require.True(t, errors.As(err, &v))
+			require.Equal(t, 100, v.Limit)
+		})
+	}
+}
+
+// TestMemoryBound checks that keys back in their initial state are dropped
+// and that the number of keys held never passes the bound.
+func TestMemoryBound(t *testing.T) {
+	ctx := context.Background()
+	clock := &fakeClock{now: epoch}
+	l, err := NewTokenBucket(2, redlimit.PerSecond(1), WithClock(clock.Now))
+	require.NoError(t, err)
+	for i := range 500 {
+		_, err := l.Allow(ctx, fmt.Sprint("k", i))
+		require.NoError(t, err)
+	}
+	require.Equal(t, 500, l.store.len())
+	clock.Advance(time.Second)
+	_, err = l.AllowN(ctx, "k1", 0)
+	require.NoError(t, err)
+	require.Equal(t, 499, l.store.len(), "a key back to full is dropped when seen")
+
+	// The bound is kept per shard: a random seed spreads keys unevenly, so
+	// a shard fills before the whole does.
+	l, err = NewTokenBucket(2, redlimit.PerSecond(1), WithClock(clock.Now), WithMaxKeys(1000))
+	require.NoError(t, err)
+	for i := range 100_000 {
+		_, err := l.Allow(ctx, fmt.Sprint("x", i))
+		require.NoError(t, err)
+	}
+	require.LessOrEqual(t, l.store.len(), 1024, "at most WithMaxKeys, rounded up to the shards")
+
+	// A key whose state is initial after its own decision takes no room.
+	n, err := NewFixedWindow(5, time.Second, WithClock(clock.Now))
+	require.NoError(t, err)
+	_, err = n.AllowN(ctx, "only-looking", 0)
+	require.NoError(t, err)
+	require.Zero(t, n.store.len())
+}
+
+func TestInvalid(t *testing.T) {
+	_, err := NewFixedWindow(0, time.Second)
+	require.ErrorIs(t, err, redlimit.ErrInvalidConfig)
+	_, err = NewSlidingWindow(5, 1500*time.Millisecond, time.Second)
+	require.ErrorIs(t, err, redlimit.ErrInvalidConfig)
+	_, err = NewSlidingLog(time.Second, []redlimit.Strategy{{Limit: 5, Window: time.Minute}, {Limit: 5, Window: time.Hour}})
+	require.ErrorIs(t, err, redlimit.ErrInvalidConfig)
+	_, err = NewTokenBucket(5, redlimit.Rate{Count: 1, Per: time.Microsecond})
+	require.ErrorIs(t, err, redlimit.ErrInvalidConfig)
+	_, err = NewTokenBucket(5, redlimit.PerSecond(1), WithClock(nil))
+	require.ErrorIs(t, err, redlimit.ErrInvalidConfig)
+	_, err = NewTokenBucket(5, redlimit.PerSecond(1), WithMaxKeys(0))
+	require.ErrorIs(t, err, redlimit.ErrInvalidConfig)
+	l, err := NewLeakyBucket(5, redlimit.PerSecond(1))
+	require.NoError(t, err)
+	_, err = l.AllowN(context.Background(), "", 1)
+	require.ErrorIs(t, err, redlimit.ErrInvalidArgument)
+	_, err = l.AllowN(context.Background(), "k", -1)
+	require.ErrorIs(t, err, redlimit.ErrInvalidArgument)
+}
+
+func TestShare(t *testing.T) {
+	require.Equal(t, 250, Share(1000, 4))
+	require.Equal(t, 333, Share(1000, 3))
+	require.Equal(t, 1, Share(2, 4))
+	require.Equal(t, redlimit.Rate{Count: 10, Per: 4 * time.Second}, ShareRate(redlimit.PerSecond(10), 4))
+}
+
+// BenchmarkAllow measures one decision: on one hot key, and spread over
+// 100k keys, for every algorithm.
+func BenchmarkAllow(b *testing.B) {
+	mk := []struct {
+		name string
+		make func() (redlimit.Limiter, error)
+	}{
+		{"fixed_window", func() (redlimit.Limiter, error) { return NewFixedWindow(1_000_000_000, time.Hour) }},
+		{"sliding_window", func() (redlimit.Limiter, error) { return NewSlidingWindow(1_000_000_000, time.Minute, time.Second) }},
+		{"sliding_log", func() (redlimit.Limiter, error) {
+			return NewSlidingLog(time.Second, []redlimit.Strategy{{Limit: 1_000_000_000, Window: time.Minute}, {Limit: 2_000_000_000, Window: time.Hour}})
+		}},
+		{"leaky_bucket", func() (redlimit.Limiter, error) { return NewLeakyBucket(1_000_000_000, redlimit.PerSecond(1000)) }},
+		{"token_bucket", func() (redlimit.Limiter, error) { return NewTokenBucket(1_000_000_000, redlimit.PerSecond(1000)) }},
+	}
+	keys := make([]string, 100_000)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("client-%d", i)
+	}
+	ctx := context.Background()
+	for _, m := range mk {
+		b.Run(m.name+"/1key", func(b *testing.B) {
+			l, _ := m.make()
+			b.ReportAllocs()
+			for b.Loop() {
+				_, _ = l.Allow(ctx, "hot")
+			}
+		})
+		b.Run(m.name+"/100k_keys", func(b *testing.B) {
+			l, _ := m.make()
+			for _, k := range keys {
+				_, _ = l.Allow(ctx, k)
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				_, _ = l.Allow(ctx, keys[i])
+				if i++; i == len(keys) {
+					i = 0
+				}
+			}
+		})
+	}
+}

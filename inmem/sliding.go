@@ -1,0 +1,292 @@
+package inmem
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/redlimit/redlimit"
+)
+
+// SlidingWindow grants at most limit permits in any window, in process,
+// counted in buckets of precision aligned to the Unix epoch. It decides as
+// redlimit.SlidingWindow does.
+type SlidingWindow struct{ log }
+
+// SlidingLog enforces several sliding-window limits at once over one shared
+// set of buckets, in process. It decides, and reports, as
+// redlimit.SlidingLog does.
+type SlidingLog struct{ log }
+
+var (
+	_ redlimit.Limiter = (*SlidingWindow)(nil)
+	_ redlimit.Limiter = (*SlidingLog)(nil)
+)
+
+// NewSlidingWindow returns an in-process limiter granting at most limit
+// permits in any window, counted in buckets of precision. The bounds are
+// redlimit.NewSlidingWindow's; bad values are redlimit.ErrInvalidConfig.
+func NewSlidingWindow(limit int, window, precision time.Duration, opts ...Option) (*SlidingWindow, error) {
+	l, err := newLog("sliding_window", precision, []redlimit.Strategy{{Limit: limit, Window: window}}, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &SlidingWindow{l}, nil
+}
+
+// NewSlidingLog returns an in-process limiter enforcing every strategy at
+// once, counted in buckets of precision. The rules are
+// redlimit.NewSlidingLog's; bad values are redlimit.ErrInvalidConfig.
+func NewSlidingLog(precision time.Duration, strategies []redlimit.Strategy, opts ...Option) (*SlidingLog, error) {
+	l, err := newLog("sliding_log", precision, strategies, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &SlidingLog{l}, nil
+}
+
+// Strategies returns the limiter's strategies, by window ascending.
+func (l *SlidingLog) Strategies() []redlimit.Strategy { return slices.Clone(l.strategies) }
+
+// log is both sliding limiters: strategies (limit_i, size_i buckets) over
+// one queue of nonempty buckets per key.
+type log struct {
+	algorithm   string
+	precisionUS int64
+	strategies  []redlimit.Strategy // by window ascending
+	limits      []int64
+	sizes       []int64
+	store       *store[logState]
+}
+
+// logState is one key: its nonempty buckets, oldest first, and for each
+// strategy the position of the oldest bucket inside its window and the
+// permits the window holds. Only the buckets that leave a window are read.
+type logState struct {
+	buckets []logBucket
+	cursor  []int // into buckets
+	total   []int64
+	lastB   int64 // the bucket of the last decision
+}
+
+type logBucket struct{ index, count int64 }
+
+func newLog(algorithm string, precision time.Duration, strategies []redlimit.Strategy, opts []Option) (log, error) {
+	if len(strategies) == 0 {
+		return log{}, fmt.Errorf("redlimit: inmem %s: no strategies: %w", algorithm, redlimit.ErrInvalidConfig)
+	}
+	precisionUS, err := micros(algorithm, "precision", precision)
+	if err != nil {
+		return log{}, err
+	}
+	sorted := slices.Clone(strategies)
+	slices.SortStableFunc(sorted, func(a, b redlimit.Strategy) int { return cmp.Compare(a.Window, b.Window) })
+	l := log{algorithm: algorithm, precisionUS: precisionUS, strategies: sorted}
+	for i, s := range sorted {
+		if err := permits(algorithm, "limit", s.Limit); err != nil {
+			return log{}, err
+		}
+		windowUS, err := micros(algorithm, "window", s.Window)
+		if err != nil {
+			return log{}, err
+		}
+		if windowUS%precisionUS != 0 {
+			return log{}, fmt.Errorf("redlimit: inmem %s: window %v: must be a multiple of the precision %v: %w", algorithm, s.Window, precision, redlimit.ErrInvalidConfig)
+		}
+		if i > 0 && (s.Window == sorted[i-1].Window || s.Limit <= sorted[i-1].Limit) {
+			return log{}, fmt.Errorf("redlimit: inmem %s: strategy %d per %v after %d per %v: windows must differ and a longer one needs a larger limit: %w",
+				algorithm, s.Limit, s.Window, sorted[i-1].Limit, sorted[i-1].Window, redlimit.ErrInvalidConfig)
+		}
+		l.limits = append(l.limits, int64(s.Limit))
+		l.sizes = append(l.sizes, windowUS/precisionUS)
+	}
+	o, err := newOptions(algorithm, opts)
+	if err != nil {
+		return log{}, err
+	}
+	l.store = newStore[logState](o)
+	return l, nil
+}
+
+// AllowN takes n permits for key if every strategy has them, else none.
+// err is non-nil only for an empty key or n < 0
+// (redlimit.ErrInvalidArgument). n == 0 reports the state; n above the
+// smallest limit is denied with RetryAfter redlimit.Never.
+func (l *log) AllowN(_ context.Context, key string, n int) (redlimit.Result, error) {
+	if err := checkCall(l.algorithm, key, n); err != nil {
+		return redlimit.Result{}, err
+	}
+	now := l.store.nowUS()
+	sh := l.store.shard(key)
+	sh.mu.Lock()
+	e := sh.m[key]
+	var s logState
+	if e != nil {
+		s = e.state
+	} else {
+		var cursor [4]int
+		var total [4]int64
+		if len(l.sizes) <= len(cursor) {
+			s.cursor, s.total = cursor[:len(l.sizes)], total[:len(l.sizes)]
+		} else {
+			s.cursor, s.total = make([]int, len(l.sizes)), make([]int64, len(l.sizes))
+		}
+	}
+	r, resetUS := l.decide(&s, now, int64(n))
+	if e == nil && resetUS > 0 {
+		// The state escapes to the store: give it its own arrays.
+		s.cursor, s.total = slices.Clone(s.cursor), slices.Clone(s.total)
+	}
+	sh.put(key, e, s, now, resetUS)
+	sh.mu.Unlock()
+	return r, nil
+}
+
+// advance moves the queue to bucket b: buckets after b (the clock went
+// back) fold into b, buckets that left the longest window go, and each
+// strategy's cursor and total follow its window.
+func (l *log) advance(s *logState, b int64) {
+	S := len(l.sizes)
+	back := b < s.lastB
+	s.lastB = b
+	if k := len(s.buckets); k > 0 && s.buckets[k-1].index > b {
+		var folded int64
+		for k > 0 && s.buckets[k-1].index >= b {
+			folded += s.buckets[k-1].count
+			k--
+		}
+		s.buckets = append(s.buckets[:k], logBucket{index: b, count: folded})
+		back = true
+	}
+	if back {
+		// The clock went back: a shorter window takes back buckets it had
+		// let go (the longest window never let go of any still stored).
+		for i := range S {
+			s.cursor[i], s.total[i] = 0, 0
+		}
+		for i := range S {
+			for _, bk := range s.buckets {
+				if bk.index > b-l.sizes[i] {
+					s.total[i] += bk.count
+				}
+			}
+			s.cursor[i] = len(s.buckets)
+			for j, bk := range s.buckets {
+				if bk.index > b-l.sizes[i] {
+					s.cursor[i] = j
+					break
+				}
+			}
+		}
+	}
+	for i := range S {
+		for s.cursor[i] < len(s.buckets) && s.buckets[s.cursor[i]].index <= b-l.sizes[i] {
+			s.total[i] -= s.buckets[s.cursor[i]].count
+			s.cursor[i]++
+		}
+	}
+	// The longest window's cursor is the head: drop what is before it.
+	if head := s.cursor[S-1]; head > 0 {
+		kept := copy(s.buckets, s.buckets[head:])
+		s.buckets = s.buckets[:kept]
+		for i := range S {
+			s.cursor[i] -= head
+		}
+	}
+}
+
+func (l *log) decide(s *logState, t, n int64) (redlimit.Result, int64) {
+	P := l.precisionUS
+	b := floorDiv(t, P)
+	l.advance(s, b)
+	S := len(l.sizes)
+
+	var r redlimit.Result
+	reported := 0
+	switch {
+	case n > l.limits[0]:
+		r.RetryAfter = redlimit.Never
+	case n == 0:
+		r.Allowed = true
+	default:
+		worst, worstRetry := -1, int64(0)
+		for i := range S {
+			excess := s.total[i] + n - l.limits[i]
+			if excess <= 0 {
+				continue
+			}
+			var acc, retry int64
+			for _, bk := range s.buckets[s.cursor[i]:] {
+				acc += bk.count
+				if acc >= excess {
+					retry = (bk.index+l.sizes[i])*P - t
+					break
+				}
+			}
+			if worst < 0 || retry > worstRetry {
+				worst, worstRetry = i, retry
+			}
+		}
+		if worst >= 0 {
+			reported = worst
+			r.RetryAfter = microsDuration(worstRetry)
+			break
+		}
+		r.Allowed = true
+		if k := len(s.buckets); k > 0 && s.buckets[k-1].index == b {
+			s.buckets[k-1].count += n
+		} else {
+			s.buckets = append(s.buckets, logBucket{index: b, count: n})
+		}
+		for i := range S {
+			s.total[i] += n
+		}
+	}
+	minAt := 0
+	for i := 1; i < S; i++ {
+		if max(0, l.limits[i]-s.total[i]) < max(0, l.limits[minAt]-s.total[minAt]) {
+			minAt = i
+		}
+	}
+	r.Remaining = int(max(0, l.limits[minAt]-s.total[minAt]))
+	if r.Allowed {
+		reported = minAt
+	}
+	r.Limit = int(l.limits[reported])
+	resetUS := int64(0)
+	if k := len(s.buckets); k > 0 {
+		resetUS = (s.buckets[k-1].index+l.sizes[S-1])*P - t
+	}
+	r.ResetAfter = microsDuration(resetUS)
+	return r, resetUS
+}
+
+// Allow is AllowN(ctx, key, 1).
+func (l *log) Allow(ctx context.Context, key string) (redlimit.Result, error) {
+	return l.AllowN(ctx, key, 1)
+}
+
+// TryAcquire takes one permit for key: nil when allowed, a
+// *redlimit.ViolationStrategyError naming the strategy with the longest
+// RetryAfter when denied (it matches redlimit.ErrAcquireFailed).
+func (l *log) TryAcquire(ctx context.Context, key string) error {
+	return tryAcquire(ctx, l, key, func(r redlimit.Result) time.Duration {
+		for _, s := range l.strategies {
+			if s.Limit == r.Limit {
+				return s.Window
+			}
+		}
+		return l.strategies[0].Window
+	})
+}
+
+// Reset forgets all state of key.
+func (l *log) Reset(_ context.Context, key string) error {
+	if err := checkCall(l.algorithm, key, 0); err != nil {
+		return err
+	}
+	l.store.reset(key)
+	return nil
+}

@@ -1,0 +1,235 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+var errSentinel = errors.New("test: unavailable")
+
+// testBreaker is a breaker on a settable clock that records its changes.
+type testBreaker struct {
+	*Breaker
+	now     time.Time
+	changes []string
+}
+
+func newTestBreaker(failures int, cooldown time.Duration) *testBreaker {
+	tb := &testBreaker{now: time.Unix(1_800_000_000, 0)}
+	tb.Breaker = NewBreaker(BreakerConfig{
+		Failures: failures, Cooldown: cooldown,
+		Now:      func() time.Time { return tb.now },
+		OnChange: func(c BreakerChange) { tb.changes = append(tb.changes, c.From.String()+">"+c.To.String()) },
+	})
+	return tb
+}
+
+// call runs one round trip through the breaker that ends with o, and
+// returns the error admit gave, if any.
+func (tb *testBreaker) call(o outcome) error {
+	probe, err := tb.admit(errSentinel)
+	if err != nil {
+		return err
+	}
+	tb.record(probe, o, errRefused)
+	return nil
+}
+
+var errRefused = &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+
+func TestBreakerOpensAfterConsecutiveFailures(t *testing.T) {
+	tb := newTestBreaker(3, time.Second)
+	require.NoError(t, tb.call(failed))
+	require.NoError(t, tb.call(failed))
+	require.NoError(t, tb.call(answered), "an answer in between starts the count again")
+	require.NoError(t, tb.call(failed))
+	require.NoError(t, tb.call(failed))
+	require.Equal(t, BreakerClosed, tb.State(), "2 consecutive failures of 3")
+	require.NoError(t, tb.call(failed))
+	require.Equal(t, BreakerOpen, tb.State())
+	require.Equal(t, []string{"closed>open"}, tb.changes)
+
+	err := tb.call(answered)
+	require.Error(t, err, "open: calls fail at once")
+	require.ErrorIs(t, err, errSentinel)
+	require.ErrorIs(t, err, syscall.ECONNREFUSED, "the error wraps the Redis error that opened it")
+	var withRetry interface{ RetryAfter() time.Duration }
+	require.True(t, errors.As(err, &withRetry))
+	require.Equal(t, time.Second, withRetry.RetryAfter())
+
+	tb.now = tb.now.Add(400 * time.Millisecond)
+	err = tb.call(answered)
+	require.True(t, errors.As(err, &withRetry))
+	require.Equal(t, 600*time.Millisecond, withRetry.RetryAfter(), "the rest of the cooldown")
+}
+
+func TestBreakerProbe(t *testing.T) {
+	tb := newTestBreaker(1, time.Second)
+	require.NoError(t, tb.call(failed))
+	require.Equal(t, BreakerOpen, tb.State())
+
+	tb.now = tb.now.Add(time.Second - time.Nanosecond)
+	require.Error(t, tb.call(answered), "1ns before the cooldown ends")
+	tb.now = tb.now.Add(time.Nanosecond)
+
+	// Exactly one probe; every other call fails fast while it is in flight.
+	probe, err := tb.admit(errSentinel)
+	require.NoError(t, err)
+	require.True(t, probe)
+	require.Equal(t, BreakerHalfOpen, tb.State())
+	for range 3 {
+		_, err := tb.admit(errSentinel)
+		require.ErrorIs(t, err, errSentinel, "a second call while the probe is in flight")
+	}
+	// The probe fails: open for another cooldown.
+	tb.record(true, failed, errRefused)
+	require.Equal(t, BreakerOpen, tb.State())
+	require.Error(t, tb.call(answered))
+	tb.now = tb.now.Add(time.Second)
+
+	// A probe whose caller gave up says nothing: the next call probes.
+	probe, err = tb.admit(errSentinel)
+	require.NoError(t, err)
+	require.True(t, probe)
+	tb.record(true, neutral, context.Canceled)
+	require.Equal(t, BreakerHalfOpen, tb.State())
+	probe, err = tb.admit(errSentinel)
+	require.NoError(t, err)
+	require.True(t, probe, "the next call after a neutral probe probes again")
+	tb.record(true, answered, nil)
+	require.Equal(t, BreakerClosed, tb.State())
+	require.NoError(t, tb.call(answered))
+	require.Equal(t, []string{"closed>open", "open>half-open", "half-open>open", "open>half-open", "half-open>closed"}, tb.changes)
+}
+
+func TestBreakerIgnoresNeutralAndStaleOutcomes(t *testing.T) {
+	tb := newTestBreaker(2, time.Second)
+	for range 10 {
+		require.NoError(t, tb.call(neutral))
+	}
+	require.Equal(t, BreakerClosed, tb.State(), "cancelled calls never open it")
+
+	// A call admitted while closed that succeeds after the breaker opened
+	// does not close it: only the probe does.
+	probe, err := tb.admit(errSentinel)
+	require.NoError(t, err)
+	require.NoError(t, tb.call(failed))
+	require.NoError(t, tb.call(failed))
+	require.Equal(t, BreakerOpen, tb.State())
+	tb.record(probe, answered, nil)
+	require.Equal(t, BreakerOpen, tb.State())
+}
+
+func TestBreakerConcurrentProbe(t *testing.T) {
+	tb := newTestBreaker(1, time.Millisecond)
+	tb.OnChangeOff()
+	require.NoError(t, tb.call(failed))
+	tb.now = tb.now.Add(time.Second)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	probes := 0
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			probe, err := tb.admit(errSentinel)
+			if err == nil {
+				mu.Lock()
+				probes++
+				mu.Unlock()
+			}
+			_ = probe
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, 1, probes, "exactly one of 32 concurrent calls probes")
+}
+
+// OnChangeOff drops the recording callback, which is not safe for
+// concurrent use.
+func (tb *testBreaker) OnChangeOff() { tb.cfg.OnChange = nil }
+
+func TestClassify(t *testing.T) {
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	expired, cancel2 := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel2()
+	bg := context.Background()
+	for _, tc := range []struct {
+		ctx  context.Context
+		err  error
+		want outcome
+	}{
+		{bg, nil, answered},
+		{bg, errRefused, failed},
+		{bg, io.EOF, failed},
+		{bg, fmt.Errorf("read: %w", os.ErrDeadlineExceeded), failed},
+		{expired, context.DeadlineExceeded, failed},
+		{cancelled, context.Canceled, neutral},
+		{cancelled, io.EOF, neutral},
+		{bg, redis.ErrPoolTimeout, failed},
+		{bg, redisError("LOADING Redis is loading the dataset in memory"), failed},
+		{bg, redisError("OOM command not allowed when used memory > 'maxmemory'."), answered},
+		{bg, redisError("READONLY You can't write against a read only replica."), answered},
+		{bg, redisError("BUSY Redis is busy running a script"), failed},
+		{bg, redisError("redlimit: key k holds a string that is not a fixed window"), answered},
+		{bg, redisError("ERR user_script:1: bad"), answered},
+	} {
+		require.Equal(t, tc.want, Classify(tc.ctx, tc.err), "%v", tc.err)
+	}
+}
+
+// redisError is an error reply as go-redis returns it.
+func redisError(msg string) error {
+	var err error
+	cmd := redis.NewCmd(context.Background())
+	cmd.SetErr(errorReply(msg))
+	err = cmd.Err()
+	return err
+}
+
+type errorReply string
+
+func (e errorReply) Error() string { return string(e) }
+func (errorReply) RedisError()     {}
+
+// BenchmarkBreakerClosed is what the breaker adds to a call while Redis
+// answers: admit and record.
+func BenchmarkBreakerClosed(b *testing.B) {
+	br := NewBreaker(BreakerConfig{Failures: 5, Cooldown: time.Second})
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			probe, err := br.admit(errSentinel)
+			if err != nil {
+				b.Fatal(err)
+			}
+			br.record(probe, answered, nil)
+		}
+	})
+}
+
+// BenchmarkBreakerOpen is the cost of a call the open breaker answers.
+func BenchmarkBreakerOpen(b *testing.B) {
+	br := NewBreaker(BreakerConfig{Failures: 1, Cooldown: time.Hour})
+	br.record(false, failed, errRefused)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := br.admit(errSentinel); err == nil {
+				b.Fatal("open breaker admitted a call")
+			}
+		}
+	})
+}

@@ -1,0 +1,270 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/engine"
+)
+
+// ErrUnavailable is matched (errors.Is) by the error of a call that the
+// circuit breaker answered at once, without a round trip, because Redis
+// failed repeatedly just before. The error also wraps the Redis error that
+// opened the breaker (errors.Is(err, syscall.ECONNREFUSED) and friends
+// hold), and has a method RetryAfter() time.Duration: the time until the
+// breaker lets a call probe Redis again. A Redis failure that did not go
+// through an open breaker is returned as it is and does not match.
+var ErrUnavailable = errors.New("redlimit: Redis unavailable")
+
+// Default circuit breaker settings: see BreakerConfig.
+const (
+	DefaultBreakerFailures = 5
+	DefaultBreakerCooldown = time.Second
+)
+
+// BreakerConfig tunes a circuit breaker. The zero value gives the defaults.
+//
+// A failure is a call that Redis could not answer: a network error
+// (refused, reset, EOF, i/o timeout), a pool timeout, a ctx deadline that
+// passed while waiting for Redis, or an error reply of a server that cannot
+// serve now (LOADING, BUSY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN). Not
+// failures: OOM and READONLY (such a server still decides denials, which
+// need no write), denials, bad input (ErrInvalidArgument, never sent),
+// a key holding a value that is not the limiter's (a problem of that key),
+// a ctx the caller cancelled, and a ctx already done when the call starts.
+//
+// A deadline counts because under a paused server or a link that drops
+// packets it is the only sign: give calls deadlines that a healthy Redis
+// meets with room to spare (10× its p99 or more), or a deadline too tight
+// for your network opens the breaker.
+type BreakerConfig struct {
+	// Failures is the number of consecutive failures that open the breaker:
+	// any answer from Redis in between starts the count again. Default 5:
+	// a lone reset connection (a failover, a restart of a proxy) does not
+	// open it, and a busy service reaches 5 within milliseconds of an
+	// outage. Negative is ErrInvalidConfig.
+	Failures int
+	// Cooldown is how long an open breaker answers at once before it lets
+	// exactly one call through to probe Redis (every other call keeps
+	// failing fast until the probe ends): a success closes the breaker, a
+	// failure opens it for another Cooldown. Default 1s: recovery within a
+	// second of Redis coming back (go-redis itself re-dials once a second
+	// after a run of failed dials), one probe per second per breaker.
+	// Negative is ErrInvalidConfig.
+	Cooldown time.Duration
+	// OnChange, if not nil, is told of every state change, from the
+	// goroutine whose call caused it, while the breaker holds its lock:
+	// keep it quick and do not call the limiter from it. Changes happen
+	// during calls: an open breaker becomes half-open when a call after its
+	// cooldown probes, not when the cooldown ends.
+	OnChange func(BreakerChange)
+	// Now is the clock the cooldown is counted on. Default time.Now; a fake
+	// clock is for tests. It is not the limiter's WithClock: that one tells
+	// decision time, this one tells when to look at Redis again.
+	Now func() time.Time
+}
+
+// BreakerState is a circuit breaker's state.
+type BreakerState int
+
+// The breaker's states.
+const (
+	// BreakerClosed: calls go to Redis.
+	BreakerClosed BreakerState = iota
+	// BreakerOpen: calls fail at once with ErrUnavailable (or go to the
+	// fallback) until the cooldown has passed.
+	BreakerOpen
+	// BreakerHalfOpen: one call probes Redis; every other call fails at once.
+	BreakerHalfOpen
+)
+
+// String names the state: "closed", "open" or "half-open".
+func (s BreakerState) String() string { return engine.BreakerState(s).String() }
+
+// BreakerChange is one state change of a circuit breaker.
+type BreakerChange struct {
+	From, To BreakerState
+	// Err is the Redis error that opened the breaker, when To is
+	// BreakerOpen; nil otherwise.
+	Err error
+	// At is when it changed, on BreakerConfig.Now.
+	At time.Time
+}
+
+// Breaker is a circuit breaker between limiters and Redis. Every limiter
+// on a *redis.Client (or any single-server Scripter) has its own by default
+// (DefaultBreakerFailures, DefaultBreakerCooldown). A limiter on a
+// *redis.ClusterClient or *redis.Ring has none unless WithBreaker gives it
+// one: its keys live on several servers, and one breaker would fail the
+// keys of the live ones with those of a dead one.
+//
+// WithBreaker gives it this one instead, and limiters that share a Redis
+// client may share one Breaker, so that an outage opens them all at once
+// and one probe serves them all. Safe for concurrent use. While closed it
+// costs a call one atomic load.
+type Breaker struct {
+	b *engine.Breaker
+}
+
+// NewBreaker returns a closed circuit breaker tuned by cfg.
+func NewBreaker(cfg BreakerConfig) (*Breaker, error) {
+	if cfg.Failures < 0 {
+		return nil, fmt.Errorf("redlimit: breaker failures %d: must not be negative: %w", cfg.Failures, ErrInvalidConfig)
+	}
+	if cfg.Cooldown < 0 {
+		return nil, fmt.Errorf("redlimit: breaker cooldown %v: must not be negative: %w", cfg.Cooldown, ErrInvalidConfig)
+	}
+	ec := engine.BreakerConfig{Failures: cfg.Failures, Cooldown: cfg.Cooldown, Now: cfg.Now}
+	if ec.Failures == 0 {
+		ec.Failures = DefaultBreakerFailures
+	}
+	if ec.Cooldown == 0 {
+		ec.Cooldown = DefaultBreakerCooldown
+	}
+	if fn := cfg.OnChange; fn != nil {
+		ec.OnChange = func(c engine.BreakerChange) {
+			fn(BreakerChange{From: BreakerState(c.From), To: BreakerState(c.To), Err: c.Err, At: c.At})
+		}
+	}
+	return &Breaker{b: engine.NewBreaker(ec)}, nil
+}
+
+// State returns the breaker's state. An open breaker whose cooldown has
+// passed reads BreakerOpen until a call probes.
+func (b *Breaker) State() BreakerState { return BreakerState(b.b.State()) }
+
+// WithBreaker makes the limiter use b, which other limiters may share. A
+// nil b is ErrInvalidConfig: use WithoutBreaker to turn it off.
+func WithBreaker(b *Breaker) Option {
+	return func(o *options) { o.outage.breaker, o.outage.breakerSet = b, true }
+}
+
+// WithoutBreaker turns the circuit breaker off: every call goes to Redis,
+// however often it failed before.
+func WithoutBreaker() Option {
+	return func(o *options) { o.outage.breaker, o.outage.breakerSet, o.outage.noBreaker = nil, true, true }
+}
+
+// WithFallback makes fallback decide the calls that Redis cannot: while the
+// circuit breaker is open, and when a call fails with a Redis failure (see
+// BreakerConfig). Denials, bad input and a cancelled ctx never reach it. The
+// call then returns the fallback's own Result (and error, if it failed too,
+// the Redis error instead), and observers see Decision.Fallback.
+//
+// The fallback is meant to be an in-process limiter of package
+// github.com/redlimit/redlimit/inmem, configured as this instance's share
+// of the shared limit (see inmem.Share): it decides alone, without the
+// other instances, so a share keeps the whole service within the limit
+// during the outage. Its state is its own: permits granted by Redis before
+// the outage are not known to it, and its grants are not written to Redis
+// after. A nil fallback is ErrInvalidConfig.
+func WithFallback(fallback Limiter) Option {
+	return func(o *options) { o.outage.fallback, o.outage.fallbackSet = fallback, true }
+}
+
+// outageOptions are the options of this file.
+type outageOptions struct {
+	breaker     *Breaker
+	breakerSet  bool
+	noBreaker   bool
+	fallback    Limiter
+	fallbackSet bool
+}
+
+// configure validates the outage options and sets them in cfg.
+func (o outageOptions) configure(algorithm string, rdb redis.Scripter, cfg *engine.Config) error {
+	if o.breakerSet && !o.noBreaker && o.breaker == nil {
+		return fmt.Errorf("redlimit: %s: WithBreaker(nil): use WithoutBreaker to turn it off: %w", algorithm, ErrInvalidConfig)
+	}
+	if o.fallbackSet && (o.fallback == nil || isNilPointer(o.fallback)) {
+		return fmt.Errorf("redlimit: %s: WithFallback(nil): %w", algorithm, ErrInvalidConfig)
+	}
+	multiNode := false
+	switch rdb.(type) {
+	case *redis.ClusterClient, *redis.Ring:
+		multiNode = true
+	}
+	switch {
+	case o.noBreaker:
+	case o.breaker != nil:
+		cfg.Breaker = o.breaker.b
+	case multiNode:
+	default:
+		b, _ := NewBreaker(BreakerConfig{})
+		cfg.Breaker = b.b
+	}
+	cfg.Unavailable = ErrUnavailable
+	if fb := o.fallback; fb != nil {
+		cfg.Fallback = func(ctx context.Context, key string, n int) (engine.Reply, error) {
+			r, err := fb.AllowN(ctx, key, n)
+			if err != nil {
+				return engine.Reply{}, err
+			}
+			return engine.Reply{
+				Allowed:    r.Allowed,
+				Remaining:  int64(r.Remaining),
+				RetryAfter: r.RetryAfter,
+				ResetAfter: r.ResetAfter,
+				Fallback:   r,
+			}, nil
+		}
+	}
+	warnIgnoredDeadlines(rdb)
+	return nil
+}
+
+// warned holds the clients warnWithoutContextTimeout has warned about.
+var warned sync.Map
+
+// warnIgnoredDeadlines logs, once per client, that a go-redis client built
+// without ContextTimeoutEnabled ignores ctx deadlines while it waits for a
+// reply: a paused Redis or a link that drops packets then holds each call
+// for ReadTimeout (3s by default), whatever the caller's deadline. A log
+// line rather than an error, so that code and tests that never set a
+// deadline keep working; the README says the same.
+func warnIgnoredDeadlines(rdb redis.Scripter) {
+	var enabled bool
+	switch c := rdb.(type) {
+	case *redis.Client:
+		enabled = c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		enabled = c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		enabled = c.Options().ContextTimeoutEnabled
+	default:
+		return
+	}
+	if enabled {
+		return
+	}
+	if _, seen := warned.LoadOrStore(rdb, true); seen {
+		return
+	}
+	log.Printf("redlimit: WARNING: this Redis client ignores ctx deadlines while waiting for a reply " +
+		"(ContextTimeoutEnabled is false): a slow or paused Redis holds each call for ReadTimeout (3s by default). " +
+		"Set ContextTimeoutEnabled: true (see the README, Failure behaviour).")
+}
+
+// fallbackDenial is the error of a TryAcquire the fallback denied: it names
+// the fallback's strategy, found by its limit among the fallback's own
+// strategies when it reports them (inmem.SlidingLog does), else among this
+// limiter's.
+func (s *SlidingLog) fallbackDenial(r Result) error {
+	strategies := s.strategies
+	if fb, ok := s.fallback.(interface{ Strategies() []Strategy }); ok {
+		strategies = fb.Strategies()
+	}
+	window := strategies[0].Window
+	for _, st := range strategies {
+		if st.Limit == r.Limit {
+			window = st.Window
+		}
+	}
+	return &ViolationStrategyError{Limit: r.Limit, Window: window, RetryAfter: r.RetryAfter}
+}
