@@ -129,7 +129,7 @@ func (f failing) AllowN(context.Context, string, int) (redlimit.Result, error) {
 
 type unavailable struct{ cooldown time.Duration }
 
-func (u unavailable) Error() string              { return "unavailable" }
+func (u unavailable) Error() string             { return "unavailable" }
 func (u unavailable) RetryAfter() time.Duration { return u.cooldown }
 
 func TestNoDecision(t *testing.T) {
