@@ -6,17 +6,38 @@ import (
 	"time"
 )
 
-// Wait blocks until l allows one permit for key, ctx is done, or the request
-// can never be allowed. It returns nil once a permit is taken. When ctx ends
-// it returns an error matching ctx.Err(); when ctx has a deadline that the
-// next RetryAfter would pass, it returns at once with an error matching
-// context.DeadlineExceeded, instead of sleeping in vain; when the request can
-// never be allowed (RetryAfter == Never) it returns an error matching
-// ErrAcquireFailed. Errors that leave no decision (Redis down) are returned
-// as they are. Wait sleeps in real time, even with WithClock.
+// Wait is WaitN(ctx, l, key, 1).
 func Wait(ctx context.Context, l Limiter, key string) error {
+	return WaitN(ctx, l, key, 1)
+}
+
+// WaitN blocks until l allows n permits for key, ctx is done, or the request
+// can never be allowed, and returns nil once the n permits are taken. When
+// ctx ends it returns an error matching ctx.Err(); when ctx has a deadline
+// that the next RetryAfter would pass, it returns at once with an error
+// matching context.DeadlineExceeded, instead of sleeping in vain; when the
+// request can never be allowed (n above the capacity: RetryAfter == Never)
+// it returns at once with a *ViolationStrategyError, which matches
+// ErrAcquireFailed. Errors that leave no decision (Redis down, n < 0) are
+// returned as they are. WaitN sleeps in real time, even with WithClock:
+// it waits for the limiter's state to recover, and a denial's RetryAfter
+// says when.
+func WaitN(ctx context.Context, l Limiter, key string, n int) error {
+	return waitN(ctx, l, key, n, realTimer)
+}
+
+// timerFunc starts a timer of d and returns its channel and its stop
+// function; tests hand waitN one that does not sleep.
+type timerFunc func(d time.Duration) (<-chan time.Time, func() bool)
+
+func realTimer(d time.Duration) (<-chan time.Time, func() bool) {
+	t := time.NewTimer(d)
+	return t.C, t.Stop
+}
+
+func waitN(ctx context.Context, l Limiter, key string, n int, newTimer timerFunc) error {
 	for {
-		r, err := l.Allow(ctx, key)
+		r, err := l.AllowN(ctx, key, n)
 		if err != nil {
 			return err
 		}
@@ -24,17 +45,18 @@ func Wait(ctx context.Context, l Limiter, key string) error {
 			return nil
 		}
 		if r.RetryAfter == Never {
-			return fmt.Errorf("redlimit: wait: one permit can never be allowed (limit %d): %w", r.Limit, ErrAcquireFailed)
+			// The limiter does not report its window here: Window stays 0.
+			return &ViolationStrategyError{Limit: r.Limit, RetryAfter: Never}
 		}
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < r.RetryAfter {
 			return fmt.Errorf("redlimit: wait: retry after %v would pass the deadline: %w", r.RetryAfter, context.DeadlineExceeded)
 		}
-		timer := time.NewTimer(r.RetryAfter)
+		fired, stop := newTimer(r.RetryAfter)
 		select {
 		case <-ctx.Done():
-			timer.Stop()
+			stop()
 			return fmt.Errorf("redlimit: wait: %w", ctx.Err())
-		case <-timer.C:
+		case <-fired:
 		}
 	}
 }

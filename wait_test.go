@@ -18,6 +18,7 @@ type scriptedLimiter struct {
 	mu      sync.Mutex
 	replies []scriptedReply
 	calls   int
+	ns      []int // n of each call
 }
 
 type scriptedReply struct {
@@ -25,11 +26,12 @@ type scriptedReply struct {
 	err    error
 }
 
-func (l *scriptedLimiter) AllowN(context.Context, string, int) (Result, error) {
+func (l *scriptedLimiter) AllowN(_ context.Context, _ string, n int) (Result, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := l.replies[min(l.calls, len(l.replies)-1)]
 	l.calls++
+	l.ns = append(l.ns, n)
 	return r.result, r.err
 }
 
@@ -57,10 +59,15 @@ func (l *scriptedLimiter) callCount() int {
 // TIME is real time: a limiter Wait can really wait for.
 func realTimeTokenBucket(t *testing.T, refill Rate) Limiter {
 	t.Helper()
+	return realTimeTokenBucketOf(t, 1, refill)
+}
+
+func realTimeTokenBucketOf(t *testing.T, capacity int, refill Rate) Limiter {
+	t.Helper()
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { rdb.Close() })
-	l, err := NewTokenBucket(rdb, 1, refill)
+	l, err := NewTokenBucket(rdb, capacity, refill)
 	require.NoError(t, err)
 	return l
 }
@@ -96,31 +103,66 @@ func TestWaitUntilAllowed(t *testing.T) {
 	require.False(t, r.Allowed, "Wait should have taken the token it waited for")
 }
 
+// fakeTimers is a timerFunc that never sleeps: each timer fires at once
+// and its duration is recorded.
+type fakeTimers struct {
+	mu    sync.Mutex
+	slept []time.Duration
+}
+
+func (f *fakeTimers) newTimer(d time.Duration) (<-chan time.Time, func() bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.slept = append(f.slept, d)
+	c := make(chan time.Time, 1)
+	c <- time.Time{}
+	return c, func() bool { return false }
+}
+
+// blockingTimers never fire: a wait on them ends only with its ctx.
+func blockingTimer(time.Duration) (<-chan time.Time, func() bool) {
+	return nil, func() bool { return true }
+}
+
 func TestWaitRetriesUntilAllowed(t *testing.T) {
 	l := &scriptedLimiter{replies: []scriptedReply{
-		{result: Result{Limit: 1, RetryAfter: 10 * time.Millisecond}},
-		{result: Result{Limit: 1, RetryAfter: 10 * time.Millisecond}},
-		{result: Result{Allowed: true, Limit: 1}},
+		{result: Result{Limit: 5, RetryAfter: 10 * time.Millisecond}},
+		{result: Result{Limit: 5, RetryAfter: 7 * time.Millisecond}},
+		{result: Result{Allowed: true, Limit: 5}},
 	}}
-	start := time.Now()
-	require.NoError(t, Wait(context.Background(), l, "k"), "Wait should return nil once allowed")
+	var timers fakeTimers
+	require.NoError(t, waitN(context.Background(), l, "k", 3, timers.newTimer), "WaitN should return nil once allowed")
 	require.Equal(t, 3, l.callCount(), "two denials, then the grant")
-	require.GreaterOrEqual(t, time.Since(start), 20*time.Millisecond, "Wait should sleep each RetryAfter")
+	require.Equal(t, []int{3, 3, 3}, l.ns, "every call asks for all n permits")
+	require.Equal(t, []time.Duration{10 * time.Millisecond, 7 * time.Millisecond}, timers.slept, "WaitN should sleep each RetryAfter, exactly")
+}
+
+func TestWaitNTakesNPermits(t *testing.T) {
+	l := realTimeTokenBucketOf(t, 5, PerMinute(1))
+	ctx := context.Background()
+	require.NoError(t, WaitN(ctx, l, "k", 4), "4 of 5 tokens are there")
+	r, err := l.AllowN(ctx, "k", 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, r.Remaining, "WaitN should have taken 4 tokens")
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	require.ErrorIs(t, WaitN(ctx, l, "k", 2), context.DeadlineExceeded, "2 tokens take a minute: past the deadline")
+	var violation *ViolationStrategyError
+	err = WaitN(context.Background(), l, "k", 6)
+	require.ErrorAs(t, err, &violation, "6 of capacity 5 can never be allowed")
+	require.Equal(t, Never, violation.RetryAfter)
+	require.ErrorIs(t, WaitN(context.Background(), l, "k", -1), ErrInvalidArgument)
 }
 
 func TestWaitCancelled(t *testing.T) {
-	l := realTimeTokenBucket(t, PerMinute(1))
-	require.NoError(t, l.TryAcquire(context.Background(), "k"), "take the only token: a minute to wait")
+	l := &scriptedLimiter{replies: []scriptedReply{{result: Result{Limit: 1, RetryAfter: time.Minute}}}}
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	timer := time.AfterFunc(20*time.Millisecond, cancel)
-	defer timer.Stop()
-	start := time.Now()
-	err := Wait(ctx, l, "k")
+	done := make(chan error, 1)
+	go func() { done <- waitN(ctx, l, "k", 1, blockingTimer) }()
+	cancel()
+	err := <-done
 	require.ErrorIs(t, err, context.Canceled, "Wait should end with the ctx")
 	require.False(t, errors.Is(err, ErrAcquireFailed), "a cancelled wait is no denial: %v", err)
-	require.GreaterOrEqual(t, time.Since(start), 20*time.Millisecond, "Wait should wait until cancelled")
-	require.Less(t, time.Since(start), 10*time.Second, "Wait should return as soon as ctx is cancelled")
 }
 
 func TestWaitCancelledBefore(t *testing.T) {
@@ -143,23 +185,25 @@ func TestWaitDeadlineBeforeRetryAfter(t *testing.T) {
 }
 
 func TestWaitDeadlineWhileWaiting(t *testing.T) {
-	// Each RetryAfter fits before the deadline, but the retries add up.
-	l := &scriptedLimiter{replies: []scriptedReply{{result: Result{Limit: 1, RetryAfter: 15 * time.Millisecond}}}}
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Millisecond)
+	// The RetryAfter fits before the deadline, but the deadline comes
+	// while Wait sleeps.
+	l := &scriptedLimiter{replies: []scriptedReply{{result: Result{Limit: 1, RetryAfter: time.Millisecond}}}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	start := time.Now()
-	err := Wait(ctx, l, "k")
+	err := waitN(ctx, l, "k", 1, blockingTimer)
 	require.ErrorIs(t, err, context.DeadlineExceeded, "Wait should give up by the deadline")
-	require.Less(t, time.Since(start), time.Second, "Wait should give up by the deadline")
-	require.GreaterOrEqual(t, l.callCount(), 2, "Wait should retry while RetryAfter fits")
+	require.Equal(t, 1, l.callCount(), "one call, then the sleep the deadline ended")
 }
 
 func TestWaitNever(t *testing.T) {
-	l := &scriptedLimiter{replies: []scriptedReply{{result: Result{Limit: 0, RetryAfter: Never}}}}
-	start := time.Now()
-	err := Wait(context.Background(), l, "k")
+	l := &scriptedLimiter{replies: []scriptedReply{{result: Result{Limit: 2, RetryAfter: Never}}}}
+	var timers fakeTimers
+	err := waitN(context.Background(), l, "k", 3, timers.newTimer)
 	require.ErrorIs(t, err, ErrAcquireFailed, "a request that can never be allowed should fail as a denial")
-	require.Less(t, time.Since(start), 100*time.Millisecond, "Wait should not wait for Never")
+	var violation *ViolationStrategyError
+	require.ErrorAs(t, err, &violation, "Wait's denial is typed like TryAcquire's")
+	require.Equal(t, 2, violation.Limit)
+	require.Empty(t, timers.slept, "Wait should not wait for Never")
 	require.Equal(t, 1, l.callCount(), "one call tells Never")
 }
 
@@ -177,7 +221,8 @@ func TestWaitError(t *testing.T) {
 			{result: Result{Limit: 1, RetryAfter: time.Millisecond}},
 			{err: redisDown},
 		}}
-		require.Same(t, redisDown, Wait(context.Background(), l, "k"), "a failure to decide should be returned as is")
+		var timers fakeTimers
+		require.Same(t, redisDown, waitN(context.Background(), l, "k", 1, timers.newTimer), "a failure to decide should be returned as is")
 	})
 	t.Run("Redis down", func(t *testing.T) {
 		l, err := NewTokenBucket(deadRedis(t), 1, PerSecond(1))

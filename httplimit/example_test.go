@@ -105,7 +105,7 @@ func ExampleWithCost() {
 	// 600000 200 "default";r=400000;t=2160
 	// 600000 429 "default";r=400000;t=2160
 	// 2000000 413 "default";r=400000;t=2160
-	// no key: 500
+	// no key: 400
 }
 
 // Without Redis, requests go through (fail open) unless WithFailClosed asks

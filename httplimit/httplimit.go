@@ -11,16 +11,29 @@
 //   - denied for good, because the cost exceeds the limiter's capacity
 //     (Result.RetryAfter == redlimit.Never): answers 413 Content Too Large
 //     without Retry-After, since no wait would help and 429 invites a retry;
-//   - no key (the KeyFunc failed) or a negative cost: answers 500 through the
-//     ErrorHandler;
-//   - no decision (Redis unreachable, too slow): calls the next handler
-//     (fail open, the default) or answers 503 Service Unavailable through
-//     the ErrorHandler (WithFailClosed). Either way the OnError callback is
-//     told, and so is the limiter's observer (redlimit.WithObserver).
+//   - the request lacks its key (Header's header is missing): answers 400
+//     Bad Request through the ErrorHandler;
+//   - no key otherwise (the KeyFunc failed) or a negative cost: answers 500
+//     through the ErrorHandler;
+//   - no decision (Redis unreachable, slower than the decision timeout, the
+//     limiter's circuit breaker open): calls the next handler (fail open,
+//     the default) or answers 503 Service Unavailable through the
+//     ErrorHandler (WithFailClosed), with Retry-After when the error says
+//     how long the limiter expects to stay unavailable. Either way the
+//     OnError callback is told, and so is the limiter's observer
+//     (redlimit.WithObserver).
+//
+// A decision waits at most the decision timeout (WithTimeout, 100ms by
+// default), or less when the request's own deadline is sooner, so a slow or
+// unreachable Redis never holds a request longer. go-redis honours a
+// deadline while reading a reply only when the client is built with
+// ContextTimeoutEnabled: true.
 //
 // Every response of a request the limiter decided on carries the
 // RateLimit-Policy and RateLimit fields of the IETF draft
-// draft-ietf-httpapi-ratelimit-headers, in structured-field syntax:
+// draft-ietf-httpapi-ratelimit-headers, in structured-field syntax, as
+// revision -09 defines them (the fields and parameters used here, q, qu, w,
+// r and t, are unchanged from -08 to -10):
 //
 //	RateLimit-Policy: "default";q=100;w=60
 //	RateLimit: "default";r=42;t=17
@@ -39,6 +52,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -56,6 +70,8 @@ var (
 	// ErrNoDecision is matched when the limiter made no decision: Redis
 	// unreachable or too slow, or the request's context ended.
 	ErrNoDecision = errors.New("httplimit: rate limiter made no decision")
+	// ErrPlan is matched when WithPlans' choose names no plan.
+	ErrPlan = errors.New("httplimit: no such plan")
 )
 
 // KeyFunc returns the rate limit key of a request: requests with equal keys
@@ -69,11 +85,17 @@ type KeyFunc func(r *http.Request) (string, error)
 type ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
 
 // DefaultErrorHandler answers 503 Service Unavailable when err matches
-// ErrNoDecision and 500 Internal Server Error otherwise, with a short text
+// ErrNoDecision, 400 Bad Request when it matches ErrMissingKey (the client
+// sent no key: 400 rather than 401, since the middleware does not
+// authenticate), and 500 Internal Server Error otherwise, with a short text
 // body that does not reveal err.
 func DefaultErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
-	if errors.Is(err, ErrNoDecision) {
+	switch {
+	case errors.Is(err, ErrNoDecision):
 		http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
+		return
+	case errors.Is(err, ErrMissingKey):
+		http.Error(w, "missing rate limit key", http.StatusBadRequest)
 		return
 	}
 	http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
@@ -107,12 +129,12 @@ type config struct {
 	onError       func(*http.Request, error)
 	errorHandler  ErrorHandler
 	deniedHandler http.Handler
+	timeout       time.Duration
+	timeoutSet    bool
+	choose        func(*http.Request) string
+	plans         []Plan
 	now           func() time.Time // for X-RateLimit-Reset
 
-	// Built once by Middleware: the quoted policy name, and what
-	// RateLimit-Policy carries after q.
-	quotedName   string
-	policyParams string
 }
 
 // WithKeyFunc sets how a request's key is found. Default: ClientIP(), the
@@ -157,7 +179,8 @@ func WithWindow(window time.Duration) Option {
 
 // WithQuotaUnit sets the qu parameter of RateLimit-Policy: "requests" (the
 // draft's default, left out), "content-bytes" or "concurrent-requests".
-// Default: left out. Use "content-bytes" with a cost in bytes.
+// Default: left out. Use "content-bytes" with a cost in bytes. Middleware
+// panics on any other unit.
 func WithQuotaUnit(unit string) Option {
 	return func(c *config) { c.quotaUnit = unit }
 }
@@ -175,6 +198,41 @@ func WithLegacyHeaders() Option {
 // instead of going through. Default: fail open.
 func WithFailClosed() Option {
 	return func(c *config) { c.failClosed = true }
+}
+
+// WithTimeout sets the decision timeout: the longest a request waits for
+// the limiter, after which it is treated as undecided (fail open, or 503
+// with WithFailClosed). The request's own deadline wins when it is sooner.
+// 0 turns the timeout off (only the request's deadline then bounds the
+// wait). Default: 100ms, far above a healthy round trip to Redis (well
+// under 1ms on a LAN) and short enough that an outage adds at most a tenth
+// of a second to a request. Middleware panics on a negative timeout.
+func WithTimeout(d time.Duration) Option {
+	return func(c *config) { c.timeout, c.timeoutSet = d, true }
+}
+
+// Plan is one limit of WithPlans: a limiter, and the policy its responses
+// advertise.
+type Plan struct {
+	// Name is the policy's name in RateLimit-Policy and RateLimit, and
+	// what WithPlans' choose returns to pick this plan. Printable ASCII.
+	Name string
+	// Limiter decides the plan's requests.
+	Limiter redlimit.Limiter
+	// Window is the plan's w in RateLimit-Policy (see WithWindow); 0
+	// leaves it out.
+	Window time.Duration
+}
+
+// WithPlans decides each request with the limiter of the plan that choose
+// names (say, "free" or "paid" from the authenticated account), each plan
+// with its own policy headers. The limiter given to Middleware is then not
+// used. A name that matches no plan stops the request through the
+// ErrorHandler with ErrPlan (500 by default): choose is your code.
+// Middleware panics on an empty or duplicate plan name, a nil limiter or a
+// nil choose.
+func WithPlans(choose func(r *http.Request) string, plans ...Plan) Option {
+	return func(c *config) { c.choose, c.plans = choose, plans }
 }
 
 // WithOnError sets a callback told of every error the middleware meets:
@@ -216,10 +274,11 @@ func ResultFromContext(ctx context.Context) (res redlimit.Result, ok bool) {
 // programming errors, caught at start-up. Nothing a request carries makes it
 // panic.
 func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Handler {
-	if l == nil {
-		panic("httplimit: Middleware: nil Limiter")
+	if isNil(l) {
+		panic(fmt.Sprintf("httplimit: Middleware: nil Limiter (%T): check the error of its constructor", l))
 	}
 	c := config{
+		timeout:       defaultTimeout,
 		keyFunc:       ClientIP(),
 		cost:          func(*http.Request) int { return 1 },
 		policyName:    "default",
@@ -244,33 +303,92 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 		panic("httplimit: WithDeniedHandler(nil)")
 	case c.windowSeconds < 0:
 		panic("httplimit: WithWindow: negative window")
+	case c.timeout < 0:
+		panic(fmt.Sprintf("httplimit: WithTimeout(%v): negative timeout", c.timeout))
+	case c.plans != nil && c.choose == nil:
+		panic("httplimit: WithPlans: nil choose")
 	}
-	var err error
-	if c.quotedName, err = sfString(c.policyName); err != nil {
-		panic(fmt.Sprintf("httplimit: WithPolicyName(%q): %v", c.policyName, err))
+	switch c.quotaUnit {
+	case "", "requests", "content-bytes", "concurrent-requests":
+	default:
+		panic(fmt.Sprintf("httplimit: WithQuotaUnit(%q): must be requests, content-bytes or concurrent-requests", c.quotaUnit))
 	}
-	if c.quotaUnit != "" {
-		unit, err := sfString(c.quotaUnit)
-		if err != nil {
-			panic(fmt.Sprintf("httplimit: WithQuotaUnit(%q): %v", c.quotaUnit, err))
+	h := &handler{cfg: &c}
+	if c.choose == nil {
+		h.policies = []policy{c.newPolicy(c.policyName, l, c.windowSeconds)}
+	} else {
+		h.byName = make(map[string]int, len(c.plans))
+		for _, p := range c.plans {
+			if _, dup := h.byName[p.Name]; dup || p.Name == "" {
+				panic(fmt.Sprintf("httplimit: WithPlans: plan name %q: empty or used twice", p.Name))
+			}
+			if isNil(p.Limiter) {
+				panic(fmt.Sprintf("httplimit: WithPlans: plan %q: nil Limiter (%T)", p.Name, p.Limiter))
+			}
+			if p.Window < 0 {
+				panic(fmt.Sprintf("httplimit: WithPlans: plan %q: negative window", p.Name))
+			}
+			h.byName[p.Name] = len(h.policies)
+			h.policies = append(h.policies, c.newPolicy(p.Name, p.Limiter, ceilSeconds(p.Window)))
 		}
-		c.policyParams += ";qu=" + unit
-	}
-	if c.windowSeconds > 0 {
-		c.policyParams += ";w=" + strconv.FormatInt(c.windowSeconds, 10)
 	}
 	return func(next http.Handler) http.Handler {
 		if next == nil {
 			panic("httplimit: Middleware: nil next handler")
 		}
-		return &handler{cfg: &c, limiter: l, next: next}
+		hh := *h
+		hh.next = next
+		return &hh
 	}
 }
 
+// defaultTimeout is WithTimeout's default.
+const defaultTimeout = 100 * time.Millisecond
+
+// policy is a limiter with the header text it advertises, built once.
+type policy struct {
+	limiter    redlimit.Limiter
+	quotedName string
+	params     string // what RateLimit-Policy carries after q
+}
+
+// newPolicy checks a policy's name and builds its header text; it panics on
+// a name that is not printable ASCII.
+func (c *config) newPolicy(name string, l redlimit.Limiter, windowSeconds int64) policy {
+	quoted, err := sfString(name)
+	if err != nil {
+		panic(fmt.Sprintf("httplimit: policy name %q: %v", name, err))
+	}
+	p := policy{limiter: l, quotedName: quoted}
+	if c.quotaUnit != "" {
+		p.params += `;qu="` + c.quotaUnit + `"`
+	}
+	if windowSeconds > 0 {
+		p.params += ";w=" + strconv.FormatInt(windowSeconds, 10)
+	}
+	return p
+}
+
+// isNil reports a nil Limiter, including a typed nil such as a
+// (*redlimit.TokenBucket)(nil) left by an ignored constructor error, which
+// would panic on its first request.
+func isNil(l redlimit.Limiter) bool {
+	if l == nil {
+		return true
+	}
+	v := reflect.ValueOf(l)
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Func, reflect.Slice, reflect.Chan:
+		return v.IsNil()
+	}
+	return false
+}
+
 type handler struct {
-	cfg     *config
-	limiter redlimit.Limiter
-	next    http.Handler
+	cfg      *config
+	policies []policy       // one, or one per plan
+	byName   map[string]int // plan name -> index in policies; nil without plans
+	next     http.Handler
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -288,10 +406,30 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, fmt.Errorf("%w: %d is negative", ErrCost, cost))
 		return
 	}
-	res, err := h.limiter.AllowN(r.Context(), key, cost)
+	p := &h.policies[0]
+	if h.byName != nil {
+		name := c.choose(r)
+		i, ok := h.byName[name]
+		if !ok {
+			h.fail(w, r, fmt.Errorf("%w: %q", ErrPlan, boundQuote(name)))
+			return
+		}
+		p = &h.policies[i]
+	}
+	ctx := r.Context()
+	if c.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+	}
+	res, err := p.limiter.AllowN(ctx, key, cost)
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrNoDecision, err)
 		if c.failClosed {
+			var hint interface{ RetryAfter() time.Duration }
+			if errors.As(err, &hint) && hint.RetryAfter() > 0 {
+				w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(hint.RetryAfter()), 10))
+			}
 			h.fail(w, r, err)
 			return
 		}
@@ -301,7 +439,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	c.setHeaders(w.Header(), res)
+	p.setHeaders(w.Header(), res, c)
 	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, res))
 	if res.Allowed {
 		h.next.ServeHTTP(w, r)
@@ -321,10 +459,10 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	h.cfg.errorHandler(w, r, err)
 }
 
-func (c *config) setHeaders(header http.Header, res redlimit.Result) {
+func (p *policy) setHeaders(header http.Header, res redlimit.Result, c *config) {
 	// q follows Result.Limit, which for a SlidingLog is the binding strategy's.
-	header.Set("RateLimit-Policy", c.quotedName+";q="+strconv.Itoa(res.Limit)+c.policyParams)
-	header.Set("RateLimit", c.quotedName+";r="+strconv.Itoa(res.Remaining)+";t="+strconv.FormatInt(ceilSeconds(res.ResetAfter), 10))
+	header.Set("RateLimit-Policy", p.quotedName+";q="+strconv.Itoa(res.Limit)+p.params)
+	header.Set("RateLimit", p.quotedName+";r="+strconv.Itoa(res.Remaining)+";t="+strconv.FormatInt(ceilSeconds(res.ResetAfter), 10))
 	if c.legacyHeaders {
 		header.Set("X-RateLimit-Limit", strconv.Itoa(res.Limit))
 		header.Set("X-RateLimit-Remaining", strconv.Itoa(res.Remaining))

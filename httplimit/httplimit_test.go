@@ -3,6 +3,7 @@ package httplimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -261,8 +262,14 @@ func TestMiddlewareErrors(t *testing.T) {
 		wantErr  error // what OnError is told, once per step
 	}{
 		{
-			name:    "KeyFunc error is 500, next not called",
+			name:    "missing key header is the client's fault: 400, next not called",
 			opts:    []Option{WithKeyFunc(Header("X-API-Key"))},
+			steps:   []step{{status: 400, body: "missing rate limit key", want: map[string]string{"RateLimit": "", "RateLimit-Policy": ""}}},
+			wantErr: ErrMissingKey,
+		},
+		{
+			name:    "KeyFunc error is 500, next not called",
+			opts:    []Option{WithKeyFunc(func(*http.Request) (string, error) { return "", errors.New("broken") })},
 			steps:   []step{{status: 500, body: "Internal Server Error", want: map[string]string{"RateLimit": "", "RateLimit-Policy": ""}}},
 			wantErr: ErrKey,
 		},
@@ -402,7 +409,21 @@ func TestMiddlewarePanicsOnProgrammingErrors(t *testing.T) {
 		{"nil denied handler", func() { Middleware(l, WithDeniedHandler(nil)) }, "WithDeniedHandler(nil)"},
 		{"negative window", func() { Middleware(l, WithWindow(-time.Second)) }, "negative window"},
 		{"policy name not ASCII", func() { Middleware(l, WithPolicyName("grüße")) }, "printable ASCII"},
-		{"quota unit with a newline", func() { Middleware(l, WithQuotaUnit("a\nb")) }, "printable ASCII"},
+		{"quota unit with a newline", func() { Middleware(l, WithQuotaUnit("a\nb")) }, "must be requests, content-bytes or concurrent-requests"},
+		{"quota unit not in the draft", func() { Middleware(l, WithQuotaUnit("bytes")) }, `WithQuotaUnit("bytes")`},
+		{"negative timeout", func() { Middleware(l, WithTimeout(-time.Second)) }, "negative timeout"},
+		{"typed nil limiter", func() { Middleware((*redlimit.TokenBucket)(nil)) }, "nil Limiter (*redlimit.TokenBucket)"},
+		{"plans without choose", func() { Middleware(l, WithPlans(nil, Plan{Name: "free", Limiter: l})) }, "nil choose"},
+		{"plan without limiter", func() { Middleware(l, WithPlans(func(*http.Request) string { return "" }, Plan{Name: "free"})) }, `plan "free": nil Limiter`},
+		{"typed nil plan limiter", func() {
+			Middleware(l, WithPlans(func(*http.Request) string { return "" }, Plan{Name: "free", Limiter: (*redlimit.FixedWindow)(nil)}))
+		}, `plan "free": nil Limiter`},
+		{"duplicate plan", func() {
+			Middleware(l, WithPlans(func(*http.Request) string { return "" }, Plan{Name: "a", Limiter: l}, Plan{Name: "a", Limiter: l}))
+		}, `plan name "a"`},
+		{"plan name not ASCII", func() {
+			Middleware(l, WithPlans(func(*http.Request) string { return "" }, Plan{Name: "grüße", Limiter: l}))
+		}, "printable ASCII"},
 		{"nil next handler", func() { Middleware(l)(nil) }, "nil next handler"},
 	}
 	for _, tt := range tests {
@@ -434,4 +455,136 @@ func TestCeilSeconds(t *testing.T) {
 // limiter clock get exact values.
 func withNow(now func() time.Time) Option {
 	return func(c *config) { c.now = now }
+}
+
+// slowLimiter blocks until the call's context ends, like a client waiting
+// on a Redis that does not answer, and reports how long it waited.
+type slowLimiter struct {
+	redlimit.Limiter
+	waited chan time.Duration
+}
+
+func (s slowLimiter) AllowN(ctx context.Context, key string, n int) (redlimit.Result, error) {
+	start := time.Now()
+	<-ctx.Done()
+	s.waited <- time.Since(start)
+	return redlimit.Result{}, ctx.Err()
+}
+
+// A Redis that does not answer holds a request no longer than the decision
+// timeout; the request's own, shorter deadline wins.
+func TestMiddlewareTimeout(t *testing.T) {
+	tests := []struct {
+		name     string
+		opts     []Option
+		deadline time.Duration // the request's own; 0 = none
+		want     time.Duration
+	}{
+		{name: "default 100ms", want: defaultTimeout},
+		{name: "WithTimeout", opts: []Option{WithTimeout(30 * time.Millisecond)}, want: 30 * time.Millisecond},
+		{name: "the request's shorter deadline wins", deadline: 20 * time.Millisecond, want: 20 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := slowLimiter{waited: make(chan time.Duration, 1)}
+			h := Middleware(l, append([]Option{WithFailClosed()}, tt.opts...)...)(ok)
+			req := httptest.NewRequest(http.MethodGet, "/", nil)
+			if tt.deadline > 0 {
+				ctx, cancel := context.WithTimeout(req.Context(), tt.deadline)
+				defer cancel()
+				req = req.WithContext(ctx)
+			}
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			assert.Equal(t, 503, rec.Code)
+			waited := <-l.waited
+			assert.GreaterOrEqual(t, waited, tt.want, "the limiter gets the whole timeout")
+			// Generous: only a missing timeout (the test would hang) or a
+			// much longer one must fail here, not a slow machine.
+			assert.Less(t, waited, tt.want+time.Second, "the limiter is cut off at the timeout")
+		})
+	}
+	t.Run("WithTimeout(0) leaves only the request's deadline", func(t *testing.T) {
+		l := slowLimiter{waited: make(chan time.Duration, 1)}
+		h := Middleware(l, WithTimeout(0))(ok)
+		ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+		defer cancel()
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil).WithContext(ctx))
+		assert.Equal(t, 200, rec.Code, "fails open")
+		assert.GreaterOrEqual(t, <-l.waited, 150*time.Millisecond, "no default timeout cut it short")
+	})
+}
+
+// unavailableError is what a limiter with an open circuit breaker returns:
+// it knows how long it expects to stay unavailable.
+type unavailableError struct{ cooldown time.Duration }
+
+func (e unavailableError) Error() string             { return "unavailable" }
+func (e unavailableError) RetryAfter() time.Duration { return e.cooldown }
+
+type failingLimiter struct {
+	redlimit.Limiter
+	err error
+}
+
+func (f failingLimiter) AllowN(context.Context, string, int) (redlimit.Result, error) {
+	return redlimit.Result{}, f.err
+}
+
+// Failing closed, the 503 says when to come back if the limiter knows.
+func TestMiddlewareFailClosedRetryAfter(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"cooldown rounded up", fmt.Errorf("redlimit: token_bucket: %w", unavailableError{1500 * time.Millisecond}), "2"},
+		{"no hint", errors.New("connection refused"), ""},
+		{"zero hint", unavailableError{0}, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := Middleware(failingLimiter{err: tt.err}, WithFailClosed())(ok)
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+			assert.Equal(t, 503, rec.Code)
+			assert.Equal(t, tt.want, rec.Header().Get("Retry-After"))
+		})
+	}
+	t.Run("failing open sets no Retry-After", func(t *testing.T) {
+		h := Middleware(failingLimiter{err: unavailableError{time.Second}})(ok)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		assert.Equal(t, 200, rec.Code)
+		assert.Empty(t, rec.Header().Get("Retry-After"))
+	})
+}
+
+// Per-plan limits: each request is decided by its plan's limiter and
+// carries its plan's policy.
+func TestMiddlewarePlans(t *testing.T) {
+	env := redlimittest.New(t)
+	free, err := redlimit.NewFixedWindow(env.Client(), 1, time.Minute, env.Options(redlimit.WithPrefix("free:"))...)
+	require.NoError(t, err)
+	paid, err := redlimit.NewFixedWindow(env.Client(), 3, time.Minute, env.Options(redlimit.WithPrefix("paid:"))...)
+	require.NoError(t, err)
+	h := Middleware(free,
+		WithKeyFunc(Header("X-API-Key")),
+		WithPlans(func(r *http.Request) string { return r.Header.Get("X-Plan") },
+			Plan{Name: "free", Limiter: free, Window: time.Minute},
+			Plan{Name: "paid", Limiter: paid, Window: time.Minute}),
+	)(ok)
+	hdr := func(key, plan string) http.Header {
+		return http.Header{"X-Api-Key": {key}, "X-Plan": {plan}}
+	}
+	eachTransport(t, h, func(t *testing.T, send sendFunc) {
+		env.Advance(time.Hour) // a fresh window for each transport
+		runSteps(t, env, send, []step{
+			{header: hdr("a", "free"), status: 200, want: map[string]string{"RateLimit-Policy": `"free";q=1;w=60`, "RateLimit": `"free";r=0;t=60`}},
+			{header: hdr("a", "free"), status: 429, want: map[string]string{"RateLimit-Policy": `"free";q=1;w=60`}},
+			{header: hdr("b", "paid"), status: 200, want: map[string]string{"RateLimit-Policy": `"paid";q=3;w=60`, "RateLimit": `"paid";r=2;t=60`}},
+			{header: hdr("b", "paid"), status: 200, want: map[string]string{"RateLimit": `"paid";r=1;t=60`}},
+			{header: hdr("c", "gold"), status: 500, want: map[string]string{"RateLimit": ""}},
+		})
+	})
 }

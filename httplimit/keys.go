@@ -8,32 +8,89 @@ import (
 	"strings"
 )
 
+// ErrMissingKey is matched when a request lacks what its key is made of (an
+// API key header, say): the client's fault, so DefaultErrorHandler answers
+// 400 Bad Request. The middleware hands it on wrapped with ErrKey, so both
+// match.
+var ErrMissingKey = errors.New("httplimit: the request lacks its rate limit key")
+
+// Proxies says which reverse proxies to believe and which header they use to
+// pass on the client's address. Only a proxy in Trusted is believed, and
+// only the header named in Header is read: a header of another name may have
+// come from the client untouched, so it is never looked at.
+type Proxies struct {
+	// Header is the header the trusted proxies set: "X-Forwarded-For" (the
+	// default when empty), "Forwarded" (RFC 7239) or "X-Real-IP". Any other
+	// value makes ClientIPBehind panic.
+	//
+	// X-Forwarded-For and Forwarded are lists that each proxy appends to.
+	// They are read right to left, skipping trusted addresses; the first
+	// untrusted one is the client, and entries further left, which the
+	// client may have written, are never believed. When every entry is
+	// trusted, the leftmost is the client. X-Real-IP is one address that
+	// the proxy sets, replacing the client's: its last line is read.
+	Header string
+	// Trusted are the prefixes of your proxies. IPv4-mapped IPv6 prefixes
+	// (::ffff:10.0.0.0/104) are taken as the IPv4 prefix they map
+	// (10.0.0.0/8), since addresses are compared unmapped; one shorter than
+	// /96, or an invalid prefix, makes ClientIPBehind panic.
+	Trusted []netip.Prefix
+	// UnixSocket trusts a peer that has no IP address: a connection over a
+	// unix socket, whose RemoteAddr is "@", a path or empty. Set it when
+	// your proxy talks to the service over a unix socket. Without it such a
+	// request gets an error (500: the server is set up wrongly, not the
+	// client).
+	UnixSocket bool
+}
+
 // ClientIP returns a KeyFunc that keys requests by the client's IP address,
 // as text (IPv4-mapped IPv6 addresses as IPv4, zones dropped).
 //
 // With no trustedProxies it is the address of the connection's peer, from
-// r.RemoteAddr: headers are ignored, since any client can send them.
-//
-// When the peer is in one of trustedProxies (your load balancers and reverse
-// proxies), the client is found in the headers those proxies set:
-// X-Forwarded-For is read right to left (every X-Forwarded-For line, in
-// order), skipping addresses in trustedProxies, and the first one outside
-// them is the client; entries further left were written by the client and
-// are never believed. When every entry is trusted, the leftmost is the
-// client. Without X-Forwarded-For, X-Real-IP is used; without either, the
-// peer. An entry that is not an IP address (with or without a port) is an
-// error: a trusted proxy wrote it, so the chain is misconfigured.
+// r.RemoteAddr: headers are ignored, since any client can send them. With
+// trustedProxies it is ClientIPBehind(Proxies{Trusted: trustedProxies}):
+// X-Forwarded-For is read from a trusted peer. If your proxies set
+// Forwarded or X-Real-IP instead, use ClientIPBehind and name that header:
+// reading X-Forwarded-For behind a proxy that does not write it lets every
+// client choose its own key.
 //
 // IPv6 clients often own a whole /64; key by a prefix in your own KeyFunc if
 // that matters to you.
 func ClientIP(trustedProxies ...netip.Prefix) KeyFunc {
-	trusted := make([]netip.Prefix, len(trustedProxies))
-	for i, p := range trustedProxies {
-		trusted[i] = p.Masked()
+	return ClientIPBehind(Proxies{Trusted: trustedProxies})
+}
+
+// ClientIPBehind returns a KeyFunc that keys requests by the client's IP
+// address as the trusted proxies in p report it (see Proxies). A request
+// whose peer is not trusted is keyed by the peer's address. An entry from a
+// trusted proxy that is not an address is an error (the chain is
+// misconfigured), except Forwarded's "unknown" and obfuscated identifiers
+// ("_hidden"), which a proxy writes on purpose: the identifier is then the
+// key, so such clients share one limit. It panics on an invalid p: a
+// programming error, caught at start-up.
+func ClientIPBehind(p Proxies) KeyFunc {
+	header := http.CanonicalHeaderKey(p.Header)
+	if p.Header == "" {
+		header = "X-Forwarded-For"
+	}
+	var read func(r *http.Request, isTrusted func(netip.Addr) bool) (string, error)
+	switch header {
+	case "X-Forwarded-For":
+		read = readXForwardedFor
+	case "Forwarded":
+		read = readForwarded
+	case "X-Real-Ip":
+		read = readXRealIP
+	default:
+		panic(fmt.Sprintf("httplimit: Proxies.Header %q: must be X-Forwarded-For, Forwarded or X-Real-IP", p.Header))
+	}
+	trusted := make([]netip.Prefix, len(p.Trusted))
+	for i, prefix := range p.Trusted {
+		trusted[i] = normalizePrefix(prefix)
 	}
 	isTrusted := func(a netip.Addr) bool {
-		for _, p := range trusted {
-			if p.Contains(a) {
+		for _, prefix := range trusted {
+			if prefix.Contains(a) {
 				return true
 			}
 		}
@@ -41,58 +98,211 @@ func ClientIP(trustedProxies ...netip.Prefix) KeyFunc {
 	}
 	return func(r *http.Request) (string, error) {
 		peer, err := parseHostPort(r.RemoteAddr)
-		if err != nil {
-			return "", fmt.Errorf("client IP: RemoteAddr %q: %w", r.RemoteAddr, err)
-		}
-		if !isTrusted(peer) {
+		switch {
+		case err != nil && !p.UnixSocket:
+			return "", fmt.Errorf("client IP: RemoteAddr %q: %w (a unix socket peer is trusted only with Proxies.UnixSocket)", r.RemoteAddr, err)
+		case err == nil && !isTrusted(peer):
 			return peer.String(), nil
 		}
-		if lines := r.Header.Values("X-Forwarded-For"); len(lines) > 0 {
-			hops := strings.Split(strings.Join(lines, ","), ",")
-			var client netip.Addr
-			for i := len(hops) - 1; i >= 0; i-- {
-				hop := strings.TrimSpace(hops[i])
-				if hop == "" {
-					continue // "a, , b" or an empty line: nothing was said
-				}
-				addr, err := parseAddr(hop)
-				if err != nil {
-					return "", fmt.Errorf("client IP: X-Forwarded-For entry %q from trusted proxy %v: %w", hop, peer, err)
-				}
-				client = addr
-				if !isTrusted(addr) {
-					break
-				}
-			}
-			if client.IsValid() {
-				return client.String(), nil
-			}
+		client, err := read(r, isTrusted)
+		if err != nil || client != "" {
+			return client, err
 		}
-		if real := strings.TrimSpace(r.Header.Get("X-Real-IP")); real != "" {
-			addr, err := parseAddr(real)
-			if err != nil {
-				return "", fmt.Errorf("client IP: X-Real-IP %q from trusted proxy %v: %w", real, peer, err)
-			}
-			return addr.String(), nil
+		if !peer.IsValid() {
+			return "", fmt.Errorf("client IP: trusted unix socket peer sent no %s", header)
 		}
 		return peer.String(), nil
 	}
 }
 
+// normalizePrefix masks p and turns an IPv4-mapped prefix into its IPv4 one.
+func normalizePrefix(p netip.Prefix) netip.Prefix {
+	if !p.IsValid() {
+		panic(fmt.Sprintf("httplimit: trusted proxy prefix %v: invalid", p))
+	}
+	if p.Addr().Is4In6() {
+		if p.Bits() < 96 {
+			panic(fmt.Sprintf("httplimit: trusted proxy prefix %v: an IPv4-mapped prefix shorter than /96 mixes IPv4 and IPv6 addresses; write the IPv4 or IPv6 prefix you mean", p))
+		}
+		return netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96).Masked()
+	}
+	return p.Masked()
+}
+
+// readXForwardedFor walks X-Forwarded-For (every line, in order) right to
+// left. It returns "" when the header says nothing.
+func readXForwardedFor(r *http.Request, isTrusted func(netip.Addr) bool) (string, error) {
+	lines := r.Header.Values("X-Forwarded-For")
+	if len(lines) == 0 {
+		return "", nil
+	}
+	hops := strings.Split(strings.Join(lines, ","), ",")
+	var client netip.Addr
+	for i := len(hops) - 1; i >= 0; i-- {
+		hop := strings.TrimSpace(hops[i])
+		if hop == "" {
+			continue // "a, , b" or an empty line: nothing was said
+		}
+		addr, err := parseAddr(hop)
+		if err != nil {
+			return "", fmt.Errorf("client IP: X-Forwarded-For entry %q from a trusted proxy: %w", hop, err)
+		}
+		client = addr
+		if !isTrusted(addr) {
+			break
+		}
+	}
+	if !client.IsValid() {
+		return "", nil
+	}
+	return client.String(), nil
+}
+
+// readForwarded walks the for= parameters of Forwarded (RFC 7239, every
+// line, in order) right to left.
+func readForwarded(r *http.Request, isTrusted func(netip.Addr) bool) (string, error) {
+	lines := r.Header.Values("Forwarded")
+	if len(lines) == 0 {
+		return "", nil
+	}
+	elements := splitOutsideQuotes(strings.Join(lines, ","), ',')
+	client := ""
+	for i := len(elements) - 1; i >= 0; i-- {
+		node, ok, err := forwardedFor(elements[i])
+		if err != nil {
+			return "", fmt.Errorf("client IP: Forwarded element %q from a trusted proxy: %w", boundQuote(elements[i]), err)
+		}
+		if !ok {
+			continue // an element without for=: it says nothing of the client
+		}
+		if node == "unknown" || strings.HasPrefix(node, "_") {
+			// The proxy hid the client on purpose; nothing left of it
+			// can be believed.
+			return node, nil
+		}
+		addr, err := parseAddr(node)
+		if err != nil {
+			return "", fmt.Errorf("client IP: Forwarded for=%q from a trusted proxy: %w", boundQuote(node), err)
+		}
+		client = addr.String()
+		if !isTrusted(addr) {
+			break
+		}
+	}
+	return client, nil
+}
+
+// forwardedFor returns the value of the for= pair of one Forwarded element,
+// unquoted, and whether it has one.
+func forwardedFor(element string) (string, bool, error) {
+	for _, pair := range splitOutsideQuotes(element, ';') {
+		pair = strings.TrimSpace(pair)
+		if pair == "" {
+			continue
+		}
+		name, value, found := strings.Cut(pair, "=")
+		if !found {
+			return "", false, errors.New("a pair without '='")
+		}
+		if !strings.EqualFold(strings.TrimSpace(name), "for") {
+			continue
+		}
+		value = strings.TrimSpace(value)
+		if strings.HasPrefix(value, `"`) {
+			if len(value) < 2 || !strings.HasSuffix(value, `"`) {
+				return "", false, errors.New("an unterminated quoted string")
+			}
+			value = strings.ReplaceAll(value[1:len(value)-1], `\`, "")
+		}
+		if value == "" {
+			return "", false, errors.New("an empty for=")
+		}
+		return value, true, nil
+	}
+	return "", false, nil
+}
+
+// splitOutsideQuotes splits s at sep where sep is not inside a quoted string.
+func splitOutsideQuotes(s string, sep byte) []string {
+	var parts []string
+	start, quoted := 0, false
+	for i := 0; i < len(s); i++ {
+		switch {
+		case s[i] == '\\' && quoted:
+			i++
+		case s[i] == '"':
+			quoted = !quoted
+		case s[i] == sep && !quoted:
+			parts = append(parts, s[start:i])
+			start = i + 1
+		}
+	}
+	return append(parts, s[start:])
+}
+
+// readXRealIP reads the last X-Real-IP line: the one the nearest proxy set.
+func readXRealIP(r *http.Request, _ func(netip.Addr) bool) (string, error) {
+	lines := r.Header.Values("X-Real-Ip")
+	if len(lines) == 0 {
+		return "", nil
+	}
+	value := strings.TrimSpace(lines[len(lines)-1])
+	if value == "" {
+		return "", nil
+	}
+	addr, err := parseAddr(value)
+	if err != nil {
+		return "", fmt.Errorf("client IP: X-Real-IP %q from a trusted proxy: %w", boundQuote(value), err)
+	}
+	return addr.String(), nil
+}
+
 // Header returns a KeyFunc that keys requests by the value of the named
 // header (an API key, a tenant ID), with surrounding spaces trimmed. A
-// request without it, or with only spaces, gets an error: the middleware
-// answers it through the ErrorHandler (500 by default). To let such requests
-// through under another key, write a KeyFunc that falls back to ClientIP.
+// request without it, or with only spaces, gets an error matching
+// ErrMissingKey: DefaultErrorHandler answers 400 Bad Request. To let such
+// requests through under another key, write a KeyFunc that falls back to
+// ClientIP. It panics on an empty or invalid header name: a programming
+// error, caught at start-up.
 func Header(name string) KeyFunc {
+	if !validHeaderName(name) {
+		panic(fmt.Sprintf("httplimit: Header(%q): not a valid header name", name))
+	}
 	name = http.CanonicalHeaderKey(name)
 	return func(r *http.Request) (string, error) {
 		v := strings.TrimSpace(r.Header.Get(name))
 		if v == "" {
-			return "", fmt.Errorf("header %s: missing or empty", name)
+			return "", fmt.Errorf("header %s: missing or empty: %w", name, ErrMissingKey)
 		}
 		return v, nil
 	}
+}
+
+// validHeaderName reports whether name is a non-empty HTTP token.
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// boundQuote shortens a value for an error message: a header is the
+// client's, and an error must not grow with it.
+func boundQuote(s string) string {
+	const most = 64
+	if len(s) > most {
+		return s[:most] + "…"
+	}
+	return s
 }
 
 // parseHostPort parses a RemoteAddr: host:port, or a bare address.

@@ -5,7 +5,7 @@
 //
 //	go run ./examples/http                 # serves on 127.0.0.1:8080
 //	curl -i localhost:8080/hello           # RateLimit-Policy, RateLimit, then 429 + Retry-After
-//	go run ./examples/http -demo           # serves, sends a few requests itself, and exits
+//	go run ./examples/http -demo           # serves on a free port, sends a few requests itself, and exits
 //
 // It talks to the Redis at REDIS_ADDR (host:port) when that is set, and to an
 // embedded miniredis otherwise. Behind a reverse proxy, set TRUSTED_PROXIES
@@ -36,13 +36,25 @@ import (
 )
 
 func main() {
-	addr := flag.String("addr", "127.0.0.1:8080", "listen on this address")
+	addr := flag.String("addr", "127.0.0.1:8080", "listen on this address (-demo: a free port unless given)")
 	demo := flag.Bool("demo", false, "send a few requests to the server, print the answers and exit")
 	flag.Parse()
+	if *demo && !flagSet("addr") {
+		// The demo talks only to itself: any free port does, and 8080 may
+		// be taken.
+		*addr = "127.0.0.1:0"
+	}
 	if err := run(*addr, *demo); err != nil {
 		slog.Error("http example", "err", err)
 		os.Exit(1)
 	}
+}
+
+// flagSet reports whether the named flag was given on the command line.
+func flagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 func run(addr string, demo bool) error {
@@ -76,7 +88,7 @@ func run(addr string, demo bool) error {
 	}
 	srv := &http.Server{Handler: api, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
-	slog.Info("serving", "url", "http://"+ln.Addr().String())
+	fmt.Printf("serving on http://%s\n", ln.Addr())
 
 	if demo {
 		err = runDemo("http://" + ln.Addr().String())

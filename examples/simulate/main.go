@@ -84,8 +84,8 @@ func main() {
 
 	fmt.Printf("%d requests over %v (seed %d), nominal rate %d/s:\n", len(trace), *duration, *seed, ratePerSecond)
 	for _, l := range ls {
-		fmt.Printf("  %-15s admitted %4d, denied %4d, at most %2d admitted in any %s\n",
-			l.name, len(l.admitted), len(l.denied), maxInWindow(l.admitted, window), seconds(window))
+		fmt.Printf("  %-15s admitted %4d, denied %4d, at most %2d admitted in any %s (allows %s)\n",
+			l.name, len(l.admitted), len(l.denied), maxInWindow(l.admitted, window), seconds(window), l.bound())
 	}
 	svg := chart(trace, ls, *duration, *seed)
 	if err := os.WriteFile(*out, []byte(svg), 0o644); err != nil {
@@ -157,14 +157,51 @@ func replay(trace []time.Duration, ls []*lane) error {
 // maxInWindow returns the most times of sorted that fit in any half-open
 // interval of length w.
 func maxInWindow(sorted []time.Duration, w time.Duration) int {
-	best, lo := 0, 0
+	n, _ := busiestSpan(sorted, w)
+	return n
+}
+
+// busiestSpan returns the most times of sorted that fit in any half-open
+// interval [from, from+w), and the earliest such from (the first time in it).
+func busiestSpan(sorted []time.Duration, w time.Duration) (n int, from time.Duration) {
+	lo := 0
 	for hi, t := range sorted {
 		for sorted[lo] <= t-w {
 			lo++
 		}
-		best = max(best, hi-lo+1)
+		if hi-lo+1 > n {
+			n, from = hi-lo+1, sorted[lo]
+		}
 	}
-	return best
+	return n, from
+}
+
+// fixedWindowStarts returns where the fixed window's windows opened: at
+// the first admitted request that found none open (windows are not aligned
+// to the clock; a window opens at its first request).
+func fixedWindowStarts(admitted []time.Duration, w time.Duration) []time.Duration {
+	var starts []time.Duration
+	end := time.Duration(-1)
+	for _, t := range admitted {
+		if t >= end {
+			starts = append(starts, t)
+			end = t + w
+		}
+	}
+	return starts
+}
+
+// bound is what each algorithm promises about any span of one window: the
+// most it may admit, and why.
+func (l *lane) bound() string {
+	switch l.name {
+	case "Fixed window":
+		return fmt.Sprintf("up to %d: 2 windows at a boundary", 2*burst)
+	case "Leaky bucket", "Token bucket":
+		return fmt.Sprintf("up to %d: burst %d + %d/s", burst+int(window.Seconds())*ratePerSecond, burst, ratePerSecond)
+	default:
+		return fmt.Sprintf("%d, plus a bucket's edge", burst)
+	}
 }
 
 // Chart geometry, in SVG user units (pixels at 100%).
@@ -183,6 +220,8 @@ const (
 	colGrid     = "#e3e6ea"
 	colText     = "#1d232b"
 	colMuted    = "#5b6673"
+	colSpan     = "#fff1c2" // the busiest window-long span of a lane
+	colBoundary = "#8a94a3" // where a fixed window opened
 )
 
 // chart draws one lane per algorithm: per bin of 500 ms, a bar of admitted
@@ -224,6 +263,8 @@ func chart(trace []time.Duration, ls []*lane, d time.Duration, seed uint64) stri
 	legend(fmt.Sprintf(`<rect x="%.1f" y="69" width="14" height="14" fill="%s"/>`, lx, colDenied), "denied")
 	legend(fmt.Sprintf(`<line x1="%.1f" y1="76" x2="%.1f" y2="76" stroke="%s" stroke-width="2" stroke-dasharray="5,3"/>`, lx, lx+16, colNominal),
 		fmt.Sprintf("nominal rate (%d/s = %g per bar)", ratePerSecond, nominalPerBin))
+	legend(fmt.Sprintf(`<rect x="%.1f" y="69" width="14" height="14" fill="%s"/>`, lx, colSpan), fmt.Sprintf("busiest %s", seconds(window)))
+	legend(fmt.Sprintf(`<line x1="%.1f" y1="69" x2="%.1f" y2="83" stroke="%s"/>`, lx+7, lx+7, colBoundary), "fixed window opens")
 
 	for i, l := range ls {
 		top := float64(headerH + i*(laneH+laneGap))
@@ -236,7 +277,19 @@ func chart(trace []time.Duration, ls []*lane, d time.Duration, seed uint64) stri
 			p(`<text x="14" y="%.1f" font-size="11.5" fill="%s">%s</text>`, top+40+float64(j)*15, colMuted, line)
 		}
 		p(`<text x="14" y="%.1f" font-size="11.5" fill="%s">admitted %d of %d</text>`, top+84, colText, len(l.admitted), len(trace))
-		p(`<text x="14" y="%.1f" font-size="11.5" fill="%s">most in any %s: %d</text>`, top+100, colText, seconds(window), maxInWindow(l.admitted, window))
+		most, from := busiestSpan(l.admitted, window)
+		p(`<text x="14" y="%.1f" font-size="11.5" fill="%s">most in any %s: %d (shaded)</text>`, top+100, colText, seconds(window), most)
+		p(`<text x="14" y="%.1f" font-size="11.5" fill="%s">allows %s</text>`, top+115, colMuted, l.bound())
+
+		// The busiest span of one window, shaded behind the bars.
+		p(`<rect x="%.1f" y="%.1f" width="%.1f" height="%d" fill="%s"/>`, x(from), top, x(from+window)-x(from), laneH, colSpan)
+		if l.name == "Fixed window" {
+			// Where each window opened: the boundary burst shows as
+			// two full windows side by side.
+			for _, start := range fixedWindowStarts(l.admitted, window) {
+				p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="1"/>`, x(start), top, x(start), base, colBoundary)
+			}
+		}
 
 		// Grid and y-axis ticks.
 		for _, v := range []float64{0, yMax / 2, yMax} {

@@ -25,6 +25,15 @@ func TestMaxInWindow(t *testing.T) {
 	s := []time.Duration{0, time.Second, 1999 * time.Millisecond, 2 * time.Second, 3 * time.Second}
 	assert.Equal(t, 3, maxInWindow(s, 2*time.Second), "[1s, 3s) holds 1s, 1.999s and 2s")
 	assert.Equal(t, 0, maxInWindow(nil, time.Second))
+	n, from := busiestSpan(s, 2*time.Second)
+	assert.Equal(t, 3, n)
+	assert.Equal(t, time.Duration(0), from, "the earliest busiest span: [0, 2s) holds 0, 1s and 1.999s")
+}
+
+// A fixed window opens at the first request that finds none open.
+func TestFixedWindowStarts(t *testing.T) {
+	s := []time.Duration{500 * time.Millisecond, time.Second, 2500 * time.Millisecond, 2600 * time.Millisecond, 7 * time.Second}
+	assert.Equal(t, []time.Duration{500 * time.Millisecond, 2500 * time.Millisecond, 7 * time.Second}, fixedWindowStarts(s, 2*time.Second))
 }
 
 // Every request gets one decision per lane, and the chart is well-formed

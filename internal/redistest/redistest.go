@@ -19,10 +19,13 @@
 package redistest
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -61,6 +64,7 @@ func requireBinaries(tb testing.TB, names ...string) {
 		if os.Getenv(requireEnv) == "1" {
 			tb.Fatalf("redistest: %s not found on PATH, and %s=1 requires it", name, requireEnv)
 		}
+		skipped.Add(1)
 		tb.Skipf("redistest: %s not found on PATH; skipping (set %s=1 to fail instead)", name, requireEnv)
 	}
 }
@@ -109,10 +113,16 @@ func ClusterAddrs(tb testing.TB) []string {
 	return sharedCluster.addrs()
 }
 
+// skipped counts the tests skipped for want of redis-server or redis-cli.
+var skipped atomic.Int64
+
 // Shutdown stops the shared server and cluster, if started, and removes their
 // directories. Call it from TestMain after m.Run. Later calls to Addr or
-// ClusterAddrs start new ones.
+// ClusterAddrs start new ones. When tests were skipped for want of
+// redis-server, it also says how many, once per test binary (see
+// reportSkips).
 func Shutdown() {
+	reportSkips(skipped.Load())
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
 	if sharedServer != nil {
@@ -127,4 +137,31 @@ func Shutdown() {
 		}
 		sharedCluster = nil
 	}
+}
+
+// reportSkips says, in one line, how many real-Redis tests were skipped and
+// why. go test shows a passing package's output only with -v, so without -v
+// the line goes to the terminal (/dev/tty) when there is one: a developer
+// without redis-server sees that the package passed without its real-Redis
+// tests, not just "ok".
+func reportSkips(n int64) {
+	if n == 0 {
+		return
+	}
+	line := skipLine(filepath.Base(os.Args[0]), n)
+	if f := flag.Lookup("test.v"); f != nil && f.Value.String() != "false" {
+		fmt.Print(line)
+		return
+	}
+	tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0)
+	if err != nil {
+		return // no terminal (CI): go test -v shows the skips themselves
+	}
+	defer tty.Close()
+	fmt.Fprint(tty, line)
+}
+
+func skipLine(binary string, n int64) string {
+	return fmt.Sprintf("redistest: %s: %d real-Redis tests skipped: redis-server (or redis-cli) is not on PATH; install it to run them, or set %s=1 to fail instead\n",
+		binary, n, requireEnv)
 }

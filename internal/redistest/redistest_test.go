@@ -292,3 +292,20 @@ func TestClusterRequiresRedisCli(t *testing.T) {
 	must.True(t, f.skipped)
 	must.Contains(t, f.msg, "redis-cli not found")
 }
+
+// The skip summary says how many, why, and what to do.
+func TestSkipLine(t *testing.T) {
+	line := skipLine("redlimit.test", 158)
+	for _, want := range []string{"redlimit.test", "158 real-Redis tests skipped", "not on PATH", "REDLIMIT_REQUIRE_REDIS=1"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("skip line %q lacks %q", line, want)
+		}
+	}
+	before := skipped.Load()
+	t.Setenv(requireEnv, "")
+	t.Setenv("PATH", t.TempDir())
+	runFake(Require)
+	if got := skipped.Load() - before; got != 1 {
+		t.Errorf("a skip for want of redis-server counted %d times, want 1", got)
+	}
+}

@@ -1,0 +1,270 @@
+// Package grpclimit rate-limits gRPC servers with any redlimit.Limiter: a
+// unary and a stream server interceptor.
+//
+// For each call the interceptor finds a key (the peer's IP address unless
+// WithKeyFunc says otherwise) and asks the limiter for one permit (WithCost
+// for more), and then:
+//
+//   - allowed: the handler runs;
+//   - denied: the call fails with codes.ResourceExhausted and a
+//     google.rpc.RetryInfo detail whose retry_delay is Result.RetryAfter
+//     (left out when the request can never be allowed: RetryAfter ==
+//     redlimit.Never);
+//   - no key (a missing metadata entry): codes.InvalidArgument; a KeyFunc
+//     failure of another kind: codes.Internal;
+//   - no decision (Redis down, slower than the decision timeout, circuit
+//     breaker open): the handler runs (fail open, the default), or the call
+//     fails with codes.Unavailable (WithFailClosed), with a RetryInfo when
+//     the error says how long the limiter stays unavailable.
+//
+// A stream is limited once, when it opens. This package lives in its own
+// module so that redlimit's go.mod stays free of gRPC.
+package grpclimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"reflect"
+	"strings"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/redlimit/redlimit"
+)
+
+// ErrMissingKey is matched when a call lacks what its key is made of: the
+// interceptor answers codes.InvalidArgument.
+var ErrMissingKey = errors.New("grpclimit: the call lacks its rate limit key")
+
+// KeyFunc returns the rate limit key of a call; fullMethod is
+// "/package.Service/Method". Calls with equal keys share one limit.
+type KeyFunc func(ctx context.Context, fullMethod string) (string, error)
+
+// PeerIP keys calls by the IP address of the connection's peer (zones
+// dropped, IPv4-mapped addresses as IPv4). A peer without an IP address (a
+// unix socket) gets an error: key such servers by metadata.
+func PeerIP(ctx context.Context, _ string) (string, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return "", errors.New("grpclimit: no peer in the call's context")
+	}
+	if tcp, ok := p.Addr.(*net.TCPAddr); ok {
+		if a, ok := netipAddr(tcp.IP); ok {
+			return a, nil
+		}
+	}
+	host, _, err := net.SplitHostPort(p.Addr.String())
+	if err != nil {
+		host = p.Addr.String()
+	}
+	if ip := net.ParseIP(strings.Split(host, "%")[0]); ip != nil {
+		if a, ok := netipAddr(ip); ok {
+			return a, nil
+		}
+	}
+	return "", fmt.Errorf("grpclimit: peer %q has no IP address", p.Addr.String())
+}
+
+func netipAddr(ip net.IP) (string, bool) {
+	if ip4 := ip.To4(); ip4 != nil {
+		return ip4.String(), true
+	}
+	if ip.To16() != nil {
+		return ip.String(), true
+	}
+	return "", false
+}
+
+// Metadata keys calls by the first value of the named incoming metadata
+// entry (an API key, a tenant), with surrounding spaces trimmed. A call
+// without it gets an error matching ErrMissingKey (codes.InvalidArgument).
+// It panics on an empty name.
+func Metadata(name string) KeyFunc {
+	if strings.TrimSpace(name) == "" {
+		panic("grpclimit: Metadata(\"\"): empty name")
+	}
+	name = strings.ToLower(name)
+	return func(ctx context.Context, _ string) (string, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		for _, v := range md.Get(name) {
+			if v = strings.TrimSpace(v); v != "" {
+				return v, nil
+			}
+		}
+		return "", fmt.Errorf("metadata %s: missing or empty: %w", name, ErrMissingKey)
+	}
+}
+
+// Option configures the interceptors.
+type Option func(*config)
+
+type config struct {
+	keyFunc    KeyFunc
+	cost       func(ctx context.Context, fullMethod string) int
+	failClosed bool
+	timeout    time.Duration
+	onError    func(ctx context.Context, fullMethod string, err error)
+}
+
+// WithKeyFunc sets how a call's key is found. Default: PeerIP.
+func WithKeyFunc(fn KeyFunc) Option { return func(c *config) { c.keyFunc = fn } }
+
+// WithCost sets how many permits a call takes (say, more for an expensive
+// method). Default: 1. A negative cost fails the call with codes.Internal.
+func WithCost(fn func(ctx context.Context, fullMethod string) int) Option {
+	return func(c *config) { c.cost = fn }
+}
+
+// WithFailClosed makes a call the limiter could not decide on fail with
+// codes.Unavailable instead of going through. Default: fail open.
+func WithFailClosed() Option { return func(c *config) { c.failClosed = true } }
+
+// WithTimeout sets the longest a call waits for the limiter (the call's own
+// deadline wins when sooner); 0 turns it off. Default: 100ms. The go-redis
+// client must have ContextTimeoutEnabled for a deadline to cut a read short.
+func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
+
+// WithOnError sets a callback told of every error the interceptor meets:
+// key and cost failures and limiter failures, whether the call then fails or
+// goes through. Default: none.
+func WithOnError(fn func(ctx context.Context, fullMethod string, err error)) Option {
+	return func(c *config) { c.onError = fn }
+}
+
+// limiter holds what both interceptors share.
+type limiter struct {
+	cfg config
+	l   redlimit.Limiter
+}
+
+func newLimiter(l redlimit.Limiter, opts []Option) *limiter {
+	if l == nil || isNilPointer(l) {
+		panic(fmt.Sprintf("grpclimit: nil Limiter (%T): check the error of its constructor", l))
+	}
+	c := config{
+		keyFunc: PeerIP,
+		cost:    func(context.Context, string) int { return 1 },
+		timeout: 100 * time.Millisecond,
+	}
+	for _, opt := range opts {
+		if opt == nil {
+			panic("grpclimit: nil Option")
+		}
+		opt(&c)
+	}
+	switch {
+	case c.keyFunc == nil:
+		panic("grpclimit: WithKeyFunc(nil)")
+	case c.cost == nil:
+		panic("grpclimit: WithCost(nil)")
+	case c.timeout < 0:
+		panic(fmt.Sprintf("grpclimit: WithTimeout(%v): negative", c.timeout))
+	}
+	return &limiter{cfg: c, l: l}
+}
+
+func isNilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Func, reflect.Slice, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
+}
+
+// check decides one call: nil lets it through, else a status error.
+func (lim *limiter) check(ctx context.Context, method string) error {
+	c := &lim.cfg
+	key, err := c.keyFunc(ctx, method)
+	if err == nil && key == "" {
+		err = errors.New("empty key")
+	}
+	if err != nil {
+		lim.tell(ctx, method, err)
+		if errors.Is(err, ErrMissingKey) {
+			return status.Error(codes.InvalidArgument, "missing rate limit key")
+		}
+		return status.Error(codes.Internal, "no rate limit key")
+	}
+	cost := c.cost(ctx, method)
+	if cost < 0 {
+		lim.tell(ctx, method, fmt.Errorf("grpclimit: cost %d is negative", cost))
+		return status.Error(codes.Internal, "bad request cost")
+	}
+	decideCtx := ctx
+	if c.timeout > 0 {
+		var cancel context.CancelFunc
+		decideCtx, cancel = context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+	}
+	res, err := lim.l.AllowN(decideCtx, key, cost)
+	if err != nil {
+		lim.tell(ctx, method, err)
+		if !c.failClosed {
+			return nil
+		}
+		st := status.New(codes.Unavailable, "rate limiter unavailable")
+		var hint interface{ RetryAfter() time.Duration }
+		if errors.As(err, &hint) && hint.RetryAfter() > 0 {
+			st = withRetry(st, hint.RetryAfter())
+		}
+		return st.Err()
+	}
+	if res.Allowed {
+		return nil
+	}
+	if res.RetryAfter == redlimit.Never {
+		return status.Errorf(codes.ResourceExhausted, "request exceeds the rate limit of %d", res.Limit)
+	}
+	return withRetry(status.New(codes.ResourceExhausted, "rate limit exceeded"), res.RetryAfter).Err()
+}
+
+// withRetry adds a RetryInfo detail to st.
+func withRetry(st *status.Status, d time.Duration) *status.Status {
+	detailed, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d)})
+	if err != nil {
+		return st // cannot happen with a RetryInfo; the code still says it all
+	}
+	return detailed
+}
+
+func (lim *limiter) tell(ctx context.Context, method string, err error) {
+	if lim.cfg.onError != nil {
+		lim.cfg.onError(ctx, method, err)
+	}
+}
+
+// UnaryServerInterceptor limits unary calls with l; see the package
+// documentation for the answers. It panics on a nil or typed-nil l or a bad
+// option: programming errors, caught at start-up.
+func UnaryServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.UnaryServerInterceptor {
+	lim := newLimiter(l, opts)
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if err := lim.check(ctx, info.FullMethod); err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// StreamServerInterceptor limits streams with l, once per stream when it
+// opens; see the package documentation. It panics like
+// UnaryServerInterceptor.
+func StreamServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.StreamServerInterceptor {
+	lim := newLimiter(l, opts)
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if err := lim.check(ss.Context(), info.FullMethod); err != nil {
+			return err
+		}
+		return handler(srv, ss)
+	}
+}
