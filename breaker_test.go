@@ -85,14 +85,14 @@ func (h *breakerHarness) seen() []string {
 	return append([]string(nil), h.changes...)
 }
 
-// callWithin makes one call with a ctx deadline and returns its error and
-// how long it took.
-func callWithin(l Limiter, key string, deadline time.Duration) (error, time.Duration) {
+// callWithin makes one call with a ctx deadline and returns how long it took
+// and its error.
+func callWithin(l Limiter, key string, deadline time.Duration) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
 	start := time.Now()
 	_, err := l.Allow(ctx, key)
-	return err, time.Since(start)
+	return time.Since(start), err
 }
 
 // TestBreakerOnKilledRedis kills a real Redis under every algorithm: the
@@ -114,14 +114,14 @@ func TestBreakerOnKilledRedis(t *testing.T) {
 
 			require.NoError(t, srv.Kill())
 			for i := range 3 {
-				err, _ := callWithin(l, "k", 300*time.Millisecond)
+				_, err := callWithin(l, "k", 300*time.Millisecond)
 				require.Error(t, err, "call %d", i)
 				require.NotErrorIs(t, err, ErrUnavailable, "call %d: the breaker is still closed", i)
 			}
 			require.Equal(t, BreakerOpen, h.State())
 			require.Equal(t, []string{"closed>open"}, h.seen())
 			for range 20 {
-				err, took := callWithin(l, "k", 300*time.Millisecond)
+				took, err := callWithin(l, "k", 300*time.Millisecond)
 				require.ErrorIs(t, err, ErrUnavailable)
 				require.ErrorIs(t, err, syscall.ECONNREFUSED, "the last Redis error is wrapped: %v", err)
 				require.NotErrorIs(t, err, ErrAcquireFailed)
@@ -134,16 +134,16 @@ func TestBreakerOnKilledRedis(t *testing.T) {
 			// The cooldown passes while Redis is still down: the probe fails
 			// and the breaker opens again.
 			h.advance(time.Second)
-			err, _ = callWithin(l, "k", 300*time.Millisecond)
+			_, err = callWithin(l, "k", 300*time.Millisecond)
 			require.Error(t, err)
 			require.NotErrorIs(t, err, ErrUnavailable, "this call is the probe: it went to Redis")
 			require.Equal(t, BreakerOpen, h.State())
 
 			srv.Restart(t)
-			err, _ = callWithin(l, "k", 300*time.Millisecond)
+			_, err = callWithin(l, "k", 300*time.Millisecond)
 			require.ErrorIs(t, err, ErrUnavailable, "still within the cooldown")
 			h.advance(time.Second)
-			err, _ = callWithin(l, "k", time.Second)
+			_, err = callWithin(l, "k", time.Second)
 			require.NoError(t, err, "the probe after the cooldown finds Redis back")
 			require.Equal(t, BreakerClosed, h.State())
 			require.Equal(t, []string{"closed>open", "open>half-open", "half-open>open", "open>half-open", "half-open>closed"}, h.seen())
@@ -193,19 +193,19 @@ func TestBreakerOnStoppedRedis(t *testing.T) {
 				fault.break_()
 				defer fault.fix()
 				for i := range 3 {
-					err, took := callWithin(l, "k", 100*time.Millisecond)
+					took, err := callWithin(l, "k", 100*time.Millisecond)
 					require.ErrorIs(t, err, context.DeadlineExceeded, "call %d", i)
 					require.Less(t, took, 110*time.Millisecond, "call %d: within its deadline + 10ms", i)
 				}
 				require.Equal(t, BreakerOpen, h.State())
-				err, took := callWithin(l, "k", 100*time.Millisecond)
+				took, err := callWithin(l, "k", 100*time.Millisecond)
 				require.ErrorIs(t, err, ErrUnavailable)
 				require.ErrorIs(t, err, context.DeadlineExceeded)
 				require.Less(t, took, 5*time.Millisecond)
 
 				fault.fix()
 				h.advance(time.Second)
-				err, _ = callWithin(l, "k", time.Second)
+				_, err = callWithin(l, "k", time.Second)
 				require.NoError(t, err, "the probe finds Redis back")
 				require.Equal(t, BreakerClosed, h.State())
 			})
@@ -263,12 +263,12 @@ func TestRecommendedClientFailsFast(t *testing.T) {
 
 	var slowest time.Duration
 	for range 5 {
-		err, took := callWithin(lr, "k", 300*time.Millisecond)
+		took, err := callWithin(lr, "k", 300*time.Millisecond)
 		require.ErrorIs(t, err, syscall.ECONNREFUSED)
 		slowest = max(slowest, took)
 	}
 	require.Less(t, slowest, 50*time.Millisecond, "the recommended client fails at once")
-	err, took := callWithin(lp, "k", 300*time.Millisecond)
+	took, err := callWithin(lp, "k", 300*time.Millisecond)
 	require.Error(t, err)
 	require.Greater(t, took, 250*time.Millisecond, "go-redis's default dial retries hold the call to its deadline")
 	t.Logf("killed Redis: recommended client slowest of 5 calls %v; default client %v (deadline 300ms)", slowest, took)
@@ -368,7 +368,7 @@ func TestBreakerOneProbe(t *testing.T) {
 
 	require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGSTOP))
 	defer func() { require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGCONT)) }()
-	err, _ = callWithin(l, "k", 50*time.Millisecond)
+	_, err = callWithin(l, "k", 50*time.Millisecond)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Equal(t, BreakerOpen, h.State())
 
@@ -381,7 +381,7 @@ func TestBreakerOneProbe(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 10 {
-				err, took := callWithin(l, "k", 100*time.Millisecond)
+				took, err := callWithin(l, "k", 100*time.Millisecond)
 				require.Error(t, err)
 				if errors.Is(err, ErrUnavailable) {
 					fast.Add(1)

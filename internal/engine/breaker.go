@@ -170,7 +170,7 @@ func (b *Breaker) admit(sentinel error) (probe bool, err error) {
 }
 
 func (b *Breaker) unavailable(sentinel error, wait time.Duration) error {
-	var last error = errors.New("Redis failed")
+	var last error = errors.New("redis failed")
 	if p := b.lastErr.Load(); p != nil {
 		last = *p
 	}
