@@ -86,7 +86,7 @@ func TestClusterExactLimitPerKey(t *testing.T) {
 			perMaster := map[string]int{}
 			for i := range keys {
 				keys[i] = fmt.Sprintf("%s:user:%d", t.Name(), i)
-				keyMaster[i] = placement.master(t, alg.prefix+keys[i])
+				keyMaster[i] = placement.master(t, keyPrefix(l)+keys[i])
 				perMaster[keyMaster[i]]++
 				require.NoError(t, l.Reset(ctx, keys[i]), "resetting %q before the test", keys[i])
 			}
@@ -110,7 +110,7 @@ func TestClusterExactLimitPerKey(t *testing.T) {
 					require.Equal(t, j < limit, c.result.Allowed, "key %q (master %s) call %d: exactly the first %d calls are allowed", key, keyMaster[i], j, limit)
 					require.Equal(t, max(limit-j-1, 0), c.result.Remaining, "key %q call %d: Remaining counts down to 0", key, j)
 				}
-				redisKey := alg.prefix + key
+				redisKey := keyPrefix(l) + key
 				ttl, err := placement.masters[keyMaster[i]].PTTL(ctx, redisKey).Result()
 				require.NoError(t, err, "PTTL %s on its master %s", redisKey, keyMaster[i])
 				require.Positive(t, ttl, "%s must exist on master %s, with a TTL", redisKey, keyMaster[i])
@@ -190,13 +190,13 @@ func TestClusterScriptFlush(t *testing.T) {
 			for i := 0; len(keys) < 3*keysPerMaster; i++ {
 				require.Less(t, i, 1000, "no keys found for every master: %v", perMaster)
 				key := fmt.Sprintf("%s:user:%d", t.Name(), i)
-				master := placement.master(t, alg.prefix+key)
+				master := placement.master(t, keyPrefix(l)+key)
 				if perMaster[master] == keysPerMaster {
 					continue
 				}
 				perMaster[master]++
 				keys = append(keys, key)
-				keyMaster[alg.prefix+key] = master
+				keyMaster[keyPrefix(l)+key] = master
 				require.NoError(t, l.Reset(ctx, key), "resetting %q before the test", key)
 			}
 

@@ -21,30 +21,29 @@ import (
 // limiters read TIME, not a fake clock) then cannot add a permit, and a test
 // can demand an exact count.
 type noRefillAlgorithm struct {
-	name   string
-	prefix string // the default key prefix, to find the key in Redis
-	make   func(rdb redis.Scripter, limit int) (Limiter, error)
+	name string
+	make func(rdb redis.Scripter, limit int) (Limiter, error)
 }
 
 func noRefillAlgorithms() []noRefillAlgorithm {
 	return []noRefillAlgorithm{
-		{"fixed_window", "redlimit:fw:", func(rdb redis.Scripter, limit int) (Limiter, error) {
+		{"fixed_window", func(rdb redis.Scripter, limit int) (Limiter, error) {
 			return NewFixedWindow(rdb, limit, time.Hour)
 		}},
-		{"sliding_window", "redlimit:sw:", func(rdb redis.Scripter, limit int) (Limiter, error) {
+		{"sliding_window", func(rdb redis.Scripter, limit int) (Limiter, error) {
 			// A permit leaves an hour window of minute buckets 59 minutes later at the earliest.
 			return NewSlidingWindow(rdb, limit, time.Hour, time.Minute)
 		}},
-		{"sliding_log", "redlimit:sl:", func(rdb redis.Scripter, limit int) (Limiter, error) {
+		{"sliding_log", func(rdb redis.Scripter, limit int) (Limiter, error) {
 			return NewSlidingLog(rdb, time.Minute, []Strategy{
 				{Limit: limit, Window: time.Hour},
 				{Limit: 2 * limit, Window: 2 * time.Hour},
 			})
 		}},
-		{"leaky_bucket", "redlimit:lb:", func(rdb redis.Scripter, limit int) (Limiter, error) {
+		{"leaky_bucket", func(rdb redis.Scripter, limit int) (Limiter, error) {
 			return NewLeakyBucket(rdb, limit, PerHour(1))
 		}},
-		{"token_bucket", "redlimit:tb:", func(rdb redis.Scripter, limit int) (Limiter, error) {
+		{"token_bucket", func(rdb redis.Scripter, limit int) (Limiter, error) {
 			return NewTokenBucket(rdb, limit, PerHour(1))
 		}},
 	}

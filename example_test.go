@@ -68,14 +68,18 @@ func ExampleLimiter_allowN() {
 		if err != nil {
 			panic(err)
 		}
-		fmt.Printf("n=%d allowed=%t remaining=%d retry=%v reset=%v\n", n, r.Allowed, r.Remaining, r.RetryAfter, r.ResetAfter)
+		retry := r.RetryAfter.String()
+		if r.RetryAfter == redlimit.Never {
+			retry = "Never" // more than the limit: no wait helps
+		}
+		fmt.Printf("n=%d allowed=%t remaining=%d retry=%s reset=%v\n", n, r.Allowed, r.Remaining, retry, r.ResetAfter)
 	}
 	// Output:
 	// n=4 allowed=true remaining=6 retry=0s reset=1m0s
 	// n=4 allowed=true remaining=2 retry=0s reset=1m0s
 	// n=4 allowed=false remaining=2 retry=1m0s reset=1m0s
 	// n=0 allowed=true remaining=2 retry=0s reset=1m0s
-	// n=11 allowed=false remaining=2 retry=-1ns reset=1m0s
+	// n=11 allowed=false remaining=2 retry=Never reset=1m0s
 }
 
 func ExampleViolationStrategyError() {

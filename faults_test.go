@@ -20,9 +20,8 @@ import (
 // faultAlg is one algorithm as the fault tests drive it: a small
 // configuration with the numbers a test needs to know about it.
 type faultAlg struct {
-	name   string
-	prefix string // default key prefix
-	make   func(rdb redis.Scripter, opts ...Option) (Limiter, error)
+	name string
+	make func(rdb redis.Scripter, opts ...Option) (Limiter, error)
 	// burst is what a fresh key grants at one instant.
 	burst int
 	// recover is the time from exhausted (burst granted at one instant) to
@@ -37,13 +36,13 @@ type faultAlg struct {
 func faultAlgs() []faultAlg {
 	return []faultAlg{
 		{
-			name: "fixed_window", prefix: "redlimit:fw:", burst: 4, recover: time.Second,
+			name: "fixed_window", burst: 4, recover: time.Second,
 			make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
 				return NewFixedWindow(rdb, 4, time.Second, opts...)
 			},
 		},
 		{
-			name: "sliding_window", prefix: "redlimit:sw:", burst: 4, recover: time.Second, hash: true,
+			name: "sliding_window", burst: 4, recover: time.Second, hash: true,
 			make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
 				return NewSlidingWindow(rdb, 4, time.Second, 100*time.Millisecond, opts...)
 			},
@@ -51,19 +50,19 @@ func faultAlgs() []faultAlg {
 		{
 			// Half a recover (1s) in, the 1s strategy is clear and the 2s
 			// one holds the burst: 10 - 4 left, so Remaining is 4.
-			name: "sliding_log", prefix: "redlimit:sl:", burst: 4, recover: 2 * time.Second, halfRemaining: 4, hash: true,
+			name: "sliding_log", burst: 4, recover: 2 * time.Second, halfRemaining: 4, hash: true,
 			make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
 				return NewSlidingLog(rdb, 100*time.Millisecond, []Strategy{{Limit: 10, Window: 2 * time.Second}, {Limit: 4, Window: time.Second}}, opts...)
 			},
 		},
 		{
-			name: "leaky_bucket", prefix: "redlimit:lb:", burst: 3, recover: time.Second, halfRemaining: 1,
+			name: "leaky_bucket", burst: 3, recover: time.Second, halfRemaining: 1,
 			make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
 				return NewLeakyBucket(rdb, 3, PerSecond(3), opts...)
 			},
 		},
 		{
-			name: "token_bucket", prefix: "redlimit:tb:", burst: 3, recover: time.Second, halfRemaining: 1,
+			name: "token_bucket", burst: 3, recover: time.Second, halfRemaining: 1,
 			make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
 				return NewTokenBucket(rdb, 3, PerSecond(3), opts...)
 			},
@@ -302,12 +301,11 @@ func TestFaultForeignValue(t *testing.T) {
 				ctx := context.Background()
 				clock := &fakeClock{now: epoch}
 				placements := []struct {
-					name   string
-					prefix string
-					opts   []Option
+					name string
+					opts []Option
 				}{
-					{"default prefix", alg.prefix, []Option{WithClock(clock.Now)}},
-					{"empty prefix", "", []Option{WithClock(clock.Now), WithPrefix("")}},
+					{"default prefix", []Option{WithClock(clock.Now)}},
+					{"empty prefix", []Option{WithClock(clock.Now), WithPrefix("")}},
 				}
 				for _, place := range placements {
 					l, err := alg.make(b.rdb, place.opts...)
@@ -318,7 +316,7 @@ func TestFaultForeignValue(t *testing.T) {
 						}
 						t.Run(place.name+"/"+f.name, func(t *testing.T) {
 							key := "foreign:" + f.name
-							redisKey := place.prefix + key
+							redisKey := keyPrefix(l) + key
 							require.NoError(t, f.write(ctx, b.rdb, redisKey), "write the foreign value")
 							t.Cleanup(func() { b.rdb.Del(context.Background(), redisKey) })
 							before := snapshotKey(t, b, redisKey)
@@ -500,7 +498,7 @@ func TestFaultCancelledContext(t *testing.T) {
 					require.ErrorIs(t, err, c.want, "TryAcquire with a %s ctx", c.name)
 					require.NotErrorIs(t, err, ErrAcquireFailed)
 					require.ErrorIs(t, l.Reset(ctx, "ctx"), c.want, "Reset with a %s ctx", c.name)
-					n, err := b.rdb.Exists(context.Background(), alg.prefix+"ctx").Result()
+					n, err := b.rdb.Exists(context.Background(), keyPrefix(l)+"ctx").Result()
 					require.NoError(t, err)
 					require.Zero(t, n, "a call that made no decision must write nothing")
 				}
@@ -547,7 +545,7 @@ func TestFaultClockBackward(t *testing.T) {
 						require.NoError(t, err)
 						require.False(t, r.Allowed, "the clock moved %v back: an exhausted key must grant nothing: %+v", move, r)
 						if !denyCache { // else Redis has not seen the clock go back yet
-							requireTTLCovers(t, b, alg.prefix+key, r, lastWrite, "after the clock moved ", move, " back")
+							requireTTLCovers(t, b, keyPrefix(l)+key, r, lastWrite, "after the clock moved ", move, " back")
 						}
 						require.LessOrEqual(t, r.RetryAfter, alg.recover,
 							"the clock moved %v back: no wait may be longer than the configuration's %v: %+v", move, alg.recover, r)
@@ -590,7 +588,7 @@ func TestFaultTTL(t *testing.T) {
 				l, err := alg.make(b.rdb, WithClock(clock.Now))
 				require.NoError(t, err)
 				const key = "ttl"
-				redisKey := alg.prefix + key
+				redisKey := keyPrefix(l) + key
 
 				// A few calls spread over one recovery; every allowed
 				// call writes, and must leave a TTL covering ResetAfter.
@@ -648,7 +646,7 @@ func TestFaultNoExpiryNeeded(t *testing.T) {
 
 				// As if expiry never ran: the key loses its TTL, and only the
 				// fake clock moves, far past every window.
-				persisted, err := b.rdb.Persist(ctx, alg.prefix+key).Result()
+				persisted, err := b.rdb.Persist(ctx, keyPrefix(l)+key).Result()
 				require.NoError(t, err)
 				require.True(t, persisted, "the key must exist, with a TTL, for this test to mean anything")
 				clock.Advance(10 * alg.recover)
@@ -780,7 +778,7 @@ func TestFaultReset(t *testing.T) {
 				l, err := alg.make(b.rdb, WithClock(clock.Now), WithDenyCache(4))
 				require.NoError(t, err)
 				const key = "reset"
-				redisKey := alg.prefix + key
+				redisKey := keyPrefix(l) + key
 
 				require.Equal(t, alg.burst, drainFault(t, l, key, alg.burst), "a fresh key grants one burst")
 				require.NoError(t, l.Reset(ctx, key))
@@ -792,7 +790,7 @@ func TestFaultReset(t *testing.T) {
 					"after Reset a full burst again, the cached denial forgotten")
 
 				require.NoError(t, l.Reset(ctx, "never-used"), "Reset of a missing key")
-				n, err = b.rdb.Exists(ctx, alg.prefix+"never-used").Result()
+				n, err = b.rdb.Exists(ctx, keyPrefix(l)+"never-used").Result()
 				require.NoError(t, err)
 				require.Zero(t, n, "Reset of a missing key must not create it")
 				requireFullyAvailable(t, l, "never-used", alg.burst, "a missing key after Reset")

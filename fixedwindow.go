@@ -23,7 +23,7 @@ type FixedWindow struct {
 // NewFixedWindow returns a limiter granting at most limit permits per window.
 // limit must be between 1 and 2^40; window at least 1ms, at most about 203
 // days, in whole microseconds. Bad values are ErrInvalidConfig. Keys are
-// prefixed "redlimit:fw:" unless WithPrefix says otherwise.
+// redlimit:fw:<config>:<key> unless WithPrefix says otherwise.
 func NewFixedWindow(rdb redis.Scripter, limit int, window time.Duration, opts ...Option) (*FixedWindow, error) {
 	const algorithm = "fixed_window"
 	if err := permits(algorithm, "limit", limit); err != nil {
@@ -35,10 +35,12 @@ func NewFixedWindow(rdb redis.Scripter, limit int, window time.Duration, opts ..
 	}
 	l, err := newLimiter(rdb, spec{
 		algorithm: algorithm,
-		prefix:    "redlimit:fw:",
+		code:      "fw",
+		format:    1,
 		script:    fixedWindowScript,
 		args:      []any{limit, windowUS},
 		limits:    []int{limit},
+		windows:   []time.Duration{window},
 	}, opts)
 	if err != nil {
 		return nil, err

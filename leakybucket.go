@@ -1,6 +1,8 @@
 package redlimit
 
 import (
+	"time"
+
 	"github.com/redis/go-redis/v9"
 )
 
@@ -22,19 +24,21 @@ type LeakyBucket struct {
 // leak. capacity must be between 1 and 2^40; leak.Count at least 1 and
 // leak.Per at least 1ms, in whole microseconds; and capacity × leak.Per /
 // gcd(leak.Count, leak.Per in µs) at most 2^52, so that the arithmetic is
-// exact. Bad values are ErrInvalidConfig. Keys are prefixed "redlimit:lb:"
-// unless WithPrefix says otherwise.
+// exact. Bad values are ErrInvalidConfig. Keys are
+// redlimit:lb:<config>:<key> unless WithPrefix says otherwise.
 func NewLeakyBucket(rdb redis.Scripter, capacity int, leak Rate, opts ...Option) (*LeakyBucket, error) {
-	args, err := bucketArgs("leaky_bucket", "leak", capacity, leak)
+	args, full, err := bucketArgs("leaky_bucket", "leak", capacity, leak)
 	if err != nil {
 		return nil, err
 	}
 	l, err := newLimiter(rdb, spec{
 		algorithm: "leaky_bucket",
-		prefix:    "redlimit:lb:",
+		code:      "lb",
+		format:    1,
 		script:    leakyBucketScript,
 		args:      args,
 		limits:    []int{capacity},
+		windows:   []time.Duration{full},
 	}, opts)
 	if err != nil {
 		return nil, err

@@ -21,7 +21,10 @@ package redlimit
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
+	"hash/fnv"
+	"math"
 	"reflect"
 	"slices"
 	"time"
@@ -69,27 +72,44 @@ type Result struct {
 }
 
 // Never is the RetryAfter of a request that can never be allowed: it asks for
-// more permits than the limiter's capacity.
-const Never time.Duration = engine.Never
+// more permits than the limiter's capacity. It is the largest Duration (like
+// x/time/rate's InfDuration), so that code which sleeps RetryAfter fails
+// safe instead of spinning.
+const Never time.Duration = math.MaxInt64
 
 var (
 	// ErrAcquireFailed is matched (errors.Is) by every denial TryAcquire and
 	// Wait return.
-	ErrAcquireFailed = engine.ErrAcquireFailed
+	ErrAcquireFailed = errors.New("redlimit: rate limit exceeded")
 	// ErrInvalidConfig is matched by constructor errors: a bad limit, window,
 	// precision, rate or option. The message names the field and the value.
-	ErrInvalidConfig = engine.ErrInvalidConfig
-	// ErrInvalidArgument is matched by call errors: an empty key or n < 0.
-	// Such calls never reach Redis.
-	ErrInvalidArgument = engine.ErrInvalidArgument
+	// A limiter not made by its constructor (a zero value) returns it too.
+	ErrInvalidConfig = errors.New("redlimit: invalid configuration")
+	// ErrInvalidArgument is matched by call errors: an empty key, n < 0, a
+	// nil ctx, or a WithClock clock outside 1970-2112. Such calls never
+	// reach Redis.
+	ErrInvalidArgument = errors.New("redlimit: invalid argument")
+	// ErrForeignState is matched by the error of a call on a key that holds
+	// a value this library did not write (another type, another
+	// application's data, another algorithm's state). The key is left
+	// unchanged; the message names it.
+	ErrForeignState = errors.New("redlimit: key holds a value redlimit did not write")
 )
 
-// ViolationStrategyError is returned by SlidingLog.TryAcquire when a strategy
-// denies: the one whose RetryAfter is longest. It matches ErrAcquireFailed.
+// ViolationStrategyError is every denial TryAcquire returns, and Wait's when
+// it gives up: the limit that denied. It matches ErrAcquireFailed. For a
+// SlidingLog it is the strategy whose RetryAfter is longest.
 type ViolationStrategyError struct {
-	Limit      int
-	Window     time.Duration
-	RetryAfter time.Duration // Never when the request exceeds Limit
+	// Limit is the denying limit: a window's limit or a bucket's capacity.
+	Limit int
+	// Window is the limit's window; for a leaky or token bucket, the time
+	// it takes to drain or refill completely (capacity / rate, rounded up to
+	// the microsecond). 0 when unknown (Wait's, for a Limiter of another
+	// package).
+	Window time.Duration
+	// RetryAfter is the denial's Result.RetryAfter: Never when the request
+	// exceeds Limit.
+	RetryAfter time.Duration
 }
 
 // Error says which strategy denied and how long to wait.
@@ -140,8 +160,11 @@ type options struct {
 }
 
 // WithPrefix sets the Redis key prefix: the key of a call is exactly
-// prefix + key. The defaults are redlimit:fw:, redlimit:sw:, redlimit:sl:,
-// redlimit:lb: and redlimit:tb:, so that two algorithms never meet on a key.
+// prefix + key, and limiters given the same prefix share state on purpose.
+// Without it the prefix is redlimit:<algorithm>:<config>:, where algorithm
+// is fw, sw, sl, lb or tb and config is an 8-character fingerprint of the
+// configuration, so that two limiters that decide differently never meet on
+// a key (each limiter's RedisKey method tells the key of a call).
 func WithPrefix(prefix string) Option {
 	return func(o *options) { o.prefix, o.prefixSet = prefix, true }
 }
@@ -202,44 +225,73 @@ type Decision struct {
 // Results. Algorithms embed it and add only validation and their ARGV.
 type limiter struct {
 	engine *engine.Engine
-	// limits holds Result.Limit by the strategy index a script reports; one
-	// entry for every algorithm but SlidingLog.
-	limits []int
+	// limits and windows hold the Limit and Window of each strategy, by the
+	// index a script reports; one entry for every algorithm but SlidingLog.
+	limits  []int
+	windows []time.Duration
 	// fallback is WithFallback's limiter, or nil.
 	fallback Limiter
+	// prefix is the Redis key prefix: WithPrefix's, or the default.
+	prefix string
 }
 
 // spec is what an algorithm's constructor hands newLimiter.
 type spec struct {
 	algorithm string
-	prefix    string // default key prefix
+	code      string // in the default key: fw, sw, sl, lb or tb
+	format    int    // version of the state's layout in Redis, see defaultPrefix
 	script    script
 	args      []any
 	limits    []int
+	windows   []time.Duration // Window of each limit, for ViolationStrategyError
+}
+
+// defaultPrefix is the key prefix of a limiter without WithPrefix:
+// redlimit:<code>:<config>:, where config is a fingerprint of the algorithm,
+// its state format and its normalised configuration (the script's ARGV,
+// which is the same for every way of writing one configuration: rates
+// reduced, strategies sorted). Two limiters share keys by default only when
+// they decide alike, in every process and release; a deploy that changes a
+// limit, or a release that changes a state format, starts every key afresh.
+// FNV-1a over text, in base 32: stable, short, and never a { or }.
+func defaultPrefix(s spec) string {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s|%d", s.code, s.format)
+	for _, a := range s.args {
+		fmt.Fprintf(h, "|%v", a)
+	}
+	sum := h.Sum64()
+	const digits = "0123456789abcdefghijklmnopqrstuv"
+	var fp [8]byte // 40 bits: a collision needs about a million configurations
+	for i := range fp {
+		fp[i] = digits[sum&31]
+		sum >>= 5
+	}
+	return "redlimit:" + s.code + ":" + string(fp[:]) + ":"
 }
 
 func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 	if rdb == nil || isNilPointer(rdb) {
-		return limiter{}, fmt.Errorf("redlimit: %s: Redis client is nil: %w", s.algorithm, ErrInvalidConfig)
+		return limiter{}, engine.Errorf(ErrInvalidConfig, "redlimit: %s: Redis client is nil", s.algorithm)
 	}
 	var o options
 	for _, opt := range opts {
 		if opt == nil {
-			return limiter{}, fmt.Errorf("redlimit: %s: nil Option: %w", s.algorithm, ErrInvalidConfig)
+			return limiter{}, engine.Errorf(ErrInvalidConfig, "redlimit: %s: nil Option", s.algorithm)
 		}
 		opt(&o)
 	}
 	if o.clockSet && o.clock == nil {
-		return limiter{}, fmt.Errorf("redlimit: %s: WithClock(nil): %w", s.algorithm, ErrInvalidConfig)
+		return limiter{}, engine.Errorf(ErrInvalidConfig, "redlimit: %s: WithClock(nil)", s.algorithm)
 	}
 	if o.denyCacheSet && o.denyCache <= 0 {
-		return limiter{}, fmt.Errorf("redlimit: %s: deny cache size %d: must be positive: %w", s.algorithm, o.denyCache, ErrInvalidConfig)
+		return limiter{}, engine.Errorf(ErrInvalidConfig, "redlimit: %s: deny cache size %d: must be positive", s.algorithm, o.denyCache)
 	}
-	prefix := s.prefix
+	prefix := defaultPrefix(s)
 	if o.prefixSet {
 		prefix = o.prefix
 	}
-	l := limiter{limits: s.limits, fallback: o.outage.fallback}
+	l := limiter{limits: s.limits, windows: s.windows, fallback: o.outage.fallback, prefix: prefix}
 	cfg := engine.Config{
 		Algorithm: s.algorithm,
 		Prefix:    prefix,
@@ -250,6 +302,9 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 		Clock:     o.clock,
 		DenyCache: o.denyCache,
 		Capacity:  slices.Min(s.limits),
+
+		InvalidArgument: ErrInvalidArgument,
+		Foreign:         ErrForeignState,
 	}
 	if err := o.outage.configure(s.algorithm, rdb, &cfg); err != nil {
 		return limiter{}, err
@@ -292,19 +347,40 @@ func (l *limiter) result(r engine.Reply) Result {
 	}
 }
 
-// TryAcquire takes one permit for key. It returns nil when allowed,
-// ErrAcquireFailed when denied, and any other error when no decision was
-// made (Redis unreachable, ctx done, empty key).
+// TryAcquire takes one permit for key. It returns nil when allowed, a
+// *ViolationStrategyError naming the limit that denied when denied (it
+// matches ErrAcquireFailed), and any other error when no decision was made
+// (Redis unreachable, ctx done, empty key).
 func (l *limiter) TryAcquire(ctx context.Context, key string) error {
+	if err := l.built(); err != nil {
+		return err
+	}
 	r, err := l.engine.Decide(ctx, key, 1)
 	if err != nil {
 		return err
 	}
-	if !r.Allowed {
-		return ErrAcquireFailed
+	if r.Allowed {
+		return nil
+	}
+	if res, ok := r.Fallback.(Result); ok {
+		return l.fallbackDenial(res) // unavailable.go
+	}
+	return &ViolationStrategyError{Limit: l.limits[r.Strategy], Window: l.windows[r.Strategy], RetryAfter: r.RetryAfter}
+}
+
+// built returns an error for a limiter that no constructor made: a zero
+// FixedWindow, TokenBucket, ... has no Redis client to ask.
+func (l *limiter) built() error {
+	if l.engine == nil {
+		return engine.Errorf(ErrInvalidConfig, "redlimit: limiter is a zero value: make it with its constructor (NewFixedWindow, NewSlidingWindow, NewSlidingLog, NewLeakyBucket or NewTokenBucket)")
 	}
 	return nil
 }
+
+// RedisKey returns the Redis key that holds key's state: the limiter's
+// prefix (WithPrefix's, or the default redlimit:<algorithm>:<config>:)
+// followed by key.
+func (l *limiter) RedisKey(key string) string { return l.prefix + key }
 
 // Allow is AllowN(ctx, key, 1).
 func (l *limiter) Allow(ctx context.Context, key string) (Result, error) {
@@ -318,6 +394,9 @@ func (l *limiter) Allow(ctx context.Context, key string) (Result, error) {
 // current state and consumes nothing. n above the capacity is denied with
 // RetryAfter == Never.
 func (l *limiter) AllowN(ctx context.Context, key string, n int) (Result, error) {
+	if err := l.built(); err != nil {
+		return Result{}, err
+	}
 	r, err := l.engine.Decide(ctx, key, n)
 	if err != nil {
 		return Result{}, err
@@ -327,6 +406,9 @@ func (l *limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 
 // Reset forgets all state of key, in Redis and in this limiter's deny cache.
 func (l *limiter) Reset(ctx context.Context, key string) error {
+	if err := l.built(); err != nil {
+		return err
+	}
 	return l.engine.Reset(ctx, key)
 }
 
@@ -351,34 +433,4 @@ func loadScript(names ...string) script {
 		src = append(append(src, b...), '\n')
 	}
 	return script{Script: redis.NewScript(string(src)), source: string(src)}
-}
-
-// Bounds that keep every value a script computes an exact integer in Lua's
-// doubles (below 2^53).
-const (
-	maxPermits = 1 << 40 // limits and capacities
-	maxMicros  = 1 << 44 // windows, precisions and rate periods: about 203 days
-	maxLevel   = 1 << 52 // capacity × reduced rate period, in a bucket's ticks
-)
-
-// micros checks a duration for a window, precision or rate period and returns
-// it in µs.
-func micros(algorithm, field string, d time.Duration) (int64, error) {
-	switch {
-	case d < time.Millisecond:
-		return 0, fmt.Errorf("redlimit: %s: %s %v: must be at least 1ms: %w", algorithm, field, d, ErrInvalidConfig)
-	case d%time.Microsecond != 0:
-		return 0, fmt.Errorf("redlimit: %s: %s %v: must be a whole number of microseconds: %w", algorithm, field, d, ErrInvalidConfig)
-	case d/time.Microsecond > maxMicros:
-		return 0, fmt.Errorf("redlimit: %s: %s %v: must be at most %v: %w", algorithm, field, d, maxMicros*time.Microsecond, ErrInvalidConfig)
-	}
-	return int64(d / time.Microsecond), nil
-}
-
-// permits checks a limit or capacity.
-func permits(algorithm, field string, n int) error {
-	if n < 1 || n > maxPermits {
-		return fmt.Errorf("redlimit: %s: %s %d: must be between 1 and %d: %w", algorithm, field, n, maxPermits, ErrInvalidConfig)
-	}
-	return nil
 }

@@ -61,3 +61,9 @@ type algorithm struct {
 	name string
 	make func(rdb redis.Scripter, opts ...Option) (Limiter, error)
 }
+
+// keyPrefix returns l's Redis key prefix: WithPrefix's, or the default
+// redlimit:<algorithm>:<config>:.
+func keyPrefix(l Limiter) string {
+	return l.(interface{ RedisKey(string) string }).RedisKey("")
+}

@@ -904,7 +904,10 @@ func TestReliabilityClusterMasterDown(t *testing.T) {
 	//lint:ignore SA1019 CLUSTER SLOTS answers on every Redis we support; CLUSTER SHARDS needs 7.0.
 	slots, err := admin.ClusterSlots(ctx).Result()
 	require.NoError(t, err)
-	prefixes := []string{"redlimit:fw:", "redlimit:sw:", "redlimit:sl:", "redlimit:lb:", "redlimit:tb:"}
+	var prefixes []string
+	for _, l := range sets[0] {
+		prefixes = append(prefixes, keyPrefix(l))
+	}
 	onDead := map[relKey]bool{}
 	deadKeys := 0
 	for alg, prefix := range prefixes {

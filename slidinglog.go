@@ -2,12 +2,12 @@ package redlimit
 
 import (
 	"cmp"
-	"context"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redlimit/redlimit/internal/engine"
 )
 
 var slidingLogScript = loadScript("common.lua", "buckets.lua", "slidinglog.lua")
@@ -24,7 +24,6 @@ var slidingLogScript = loadScript("common.lua", "buckets.lua", "slidinglog.lua")
 // than the smallest limit is denied with RetryAfter == Never.
 type SlidingLog struct {
 	limiter
-	strategies []Strategy // by window, ascending
 }
 
 // NewSlidingLog returns a limiter enforcing every strategy at once, counted
@@ -33,17 +32,19 @@ type SlidingLog struct {
 // whole microseconds, at most about 203 days). No two windows may be equal,
 // and a longer window must carry a larger limit, else the shorter one could
 // never bind. Bad values are ErrInvalidConfig. The strategies may come in any
-// order. Keys are prefixed "redlimit:sl:" unless WithPrefix says otherwise.
+// order. Keys are
+// redlimit:sl:<config>:<key> unless WithPrefix says otherwise.
 func NewSlidingLog(rdb redis.Scripter, precision time.Duration, strategies []Strategy, opts ...Option) (*SlidingLog, error) {
 	const algorithm = "sliding_log"
 	if len(strategies) == 0 {
-		return nil, fmt.Errorf("redlimit: %s: no strategies: %w", algorithm, ErrInvalidConfig)
+		return nil, engine.Errorf(ErrInvalidConfig, "redlimit: %s: no strategies", algorithm)
 	}
 	sorted := slices.Clone(strategies)
 	slices.SortStableFunc(sorted, func(a, b Strategy) int { return cmp.Compare(a.Window, b.Window) })
 	var precisionUS int64
 	args := make([]any, 1, 1+2*len(sorted))
 	limits := make([]int, len(sorted))
+	windows := make([]time.Duration, len(sorted))
 	for i, s := range sorted {
 		if err := permits(algorithm, fmt.Sprintf("strategy %d per %v: limit", s.Limit, s.Window), s.Limit); err != nil {
 			return nil, err
@@ -55,46 +56,29 @@ func NewSlidingLog(rdb redis.Scripter, precision time.Duration, strategies []Str
 		if i > 0 {
 			prev := sorted[i-1]
 			if s.Window == prev.Window {
-				return nil, fmt.Errorf("redlimit: %s: two strategies with window %v: %w", algorithm, s.Window, ErrInvalidConfig)
+				return nil, engine.Errorf(ErrInvalidConfig, "redlimit: %s: two strategies with window %v", algorithm, s.Window)
 			}
 			if s.Limit <= prev.Limit {
-				return nil, fmt.Errorf("redlimit: %s: strategy %d per %v: a longer window than %d per %v needs a larger limit, else that one never binds: %w",
-					algorithm, s.Limit, s.Window, prev.Limit, prev.Window, ErrInvalidConfig)
+				return nil, engine.Errorf(ErrInvalidConfig, "redlimit: %s: strategy %d per %v: a longer window than %d per %v needs a larger limit, else that one never binds",
+					algorithm, s.Limit, s.Window, prev.Limit, prev.Window)
 			}
 		}
 		precisionUS = p
 		args = append(args, s.Limit, size)
-		limits[i] = s.Limit
+		limits[i], windows[i] = s.Limit, s.Window
 	}
 	args[0] = precisionUS
 	l, err := newLimiter(rdb, spec{
 		algorithm: algorithm,
-		prefix:    "redlimit:sl:",
+		code:      "sl",
+		format:    1,
 		script:    slidingLogScript,
 		args:      args,
 		limits:    limits,
+		windows:   windows,
 	}, opts)
 	if err != nil {
 		return nil, err
 	}
-	return &SlidingLog{limiter: l, strategies: sorted}, nil
-}
-
-// TryAcquire takes one permit for key. It returns nil when allowed, a
-// *ViolationStrategyError naming the strategy with the longest RetryAfter
-// when denied (it matches ErrAcquireFailed), and any other error when no
-// decision was made.
-func (s *SlidingLog) TryAcquire(ctx context.Context, key string) error {
-	r, err := s.engine.Decide(ctx, key, 1)
-	if err != nil {
-		return err
-	}
-	if r.Allowed {
-		return nil
-	}
-	if res, ok := r.Fallback.(Result); ok {
-		return s.fallbackDenial(res) // unavailable.go
-	}
-	st := s.strategies[r.Strategy]
-	return &ViolationStrategyError{Limit: st.Limit, Window: st.Window, RetryAfter: r.RetryAfter}
+	return &SlidingLog{limiter: l}, nil
 }

@@ -1,7 +1,6 @@
 package redlimit
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -27,7 +26,7 @@ type SlidingWindow struct {
 // window, counted in buckets of precision. limit must be between 1 and 2^40;
 // precision at least 1ms; window a multiple of precision, at most about 203
 // days; both in whole microseconds. Bad values are ErrInvalidConfig. Keys are
-// prefixed "redlimit:sw:" unless WithPrefix says otherwise.
+// redlimit:sw:<config>:<key> unless WithPrefix says otherwise.
 func NewSlidingWindow(rdb redis.Scripter, limit int, window, precision time.Duration, opts ...Option) (*SlidingWindow, error) {
 	const algorithm = "sliding_window"
 	if err := permits(algorithm, "limit", limit); err != nil {
@@ -39,29 +38,15 @@ func NewSlidingWindow(rdb redis.Scripter, limit int, window, precision time.Dura
 	}
 	l, err := newLimiter(rdb, spec{
 		algorithm: algorithm,
-		prefix:    "redlimit:sw:",
+		code:      "sw",
+		format:    1,
 		script:    slidingWindowScript,
 		args:      []any{limit, size, precisionUS},
 		limits:    []int{limit},
+		windows:   []time.Duration{window},
 	}, opts)
 	if err != nil {
 		return nil, err
 	}
 	return &SlidingWindow{l}, nil
-}
-
-// bucketsPerWindow checks a window and its precision and returns the window's
-// length in buckets and the precision in µs.
-func bucketsPerWindow(algorithm string, window, precision time.Duration) (size, precisionUS int64, err error) {
-	if precisionUS, err = micros(algorithm, "precision", precision); err != nil {
-		return 0, 0, err
-	}
-	windowUS, err := micros(algorithm, "window", window)
-	if err != nil {
-		return 0, 0, err
-	}
-	if windowUS%precisionUS != 0 {
-		return 0, 0, fmt.Errorf("redlimit: %s: window %v: must be a multiple of the precision %v: %w", algorithm, window, precision, ErrInvalidConfig)
-	}
-	return windowUS / precisionUS, precisionUS, nil
 }

@@ -3,7 +3,6 @@ package redlimit
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log"
 	"sync"
 	"time"
@@ -115,10 +114,10 @@ type Breaker struct {
 // NewBreaker returns a closed circuit breaker tuned by cfg.
 func NewBreaker(cfg BreakerConfig) (*Breaker, error) {
 	if cfg.Failures < 0 {
-		return nil, fmt.Errorf("redlimit: breaker failures %d: must not be negative: %w", cfg.Failures, ErrInvalidConfig)
+		return nil, engine.Errorf(ErrInvalidConfig, "redlimit: breaker failures %d: must not be negative", cfg.Failures)
 	}
 	if cfg.Cooldown < 0 {
-		return nil, fmt.Errorf("redlimit: breaker cooldown %v: must not be negative: %w", cfg.Cooldown, ErrInvalidConfig)
+		return nil, engine.Errorf(ErrInvalidConfig, "redlimit: breaker cooldown %v: must not be negative", cfg.Cooldown)
 	}
 	ec := engine.BreakerConfig{Failures: cfg.Failures, Cooldown: cfg.Cooldown, Now: cfg.Now}
 	if ec.Failures == 0 {
@@ -180,10 +179,10 @@ type outageOptions struct {
 // configure validates the outage options and sets them in cfg.
 func (o outageOptions) configure(algorithm string, rdb redis.Scripter, cfg *engine.Config) error {
 	if o.breakerSet && !o.noBreaker && o.breaker == nil {
-		return fmt.Errorf("redlimit: %s: WithBreaker(nil): use WithoutBreaker to turn it off: %w", algorithm, ErrInvalidConfig)
+		return engine.Errorf(ErrInvalidConfig, "redlimit: %s: WithBreaker(nil): use WithoutBreaker to turn it off", algorithm)
 	}
 	if o.fallbackSet && (o.fallback == nil || isNilPointer(o.fallback)) {
-		return fmt.Errorf("redlimit: %s: WithFallback(nil): %w", algorithm, ErrInvalidConfig)
+		return engine.Errorf(ErrInvalidConfig, "redlimit: %s: WithFallback(nil)", algorithm)
 	}
 	multiNode := false
 	switch rdb.(type) {
@@ -252,18 +251,22 @@ func warnIgnoredDeadlines(rdb redis.Scripter) {
 }
 
 // fallbackDenial is the error of a TryAcquire the fallback denied: it names
-// the fallback's strategy, found by its limit among the fallback's own
-// strategies when it reports them (inmem.SlidingLog does), else among this
-// limiter's.
-func (s *SlidingLog) fallbackDenial(r Result) error {
-	strategies := s.strategies
-	if fb, ok := s.fallback.(interface{ Strategies() []Strategy }); ok {
-		strategies = fb.Strategies()
-	}
-	window := strategies[0].Window
-	for _, st := range strategies {
-		if st.Limit == r.Limit {
-			window = st.Window
+// the fallback's limit, with the window found by that limit among the
+// fallback's own strategies when it reports them (inmem.SlidingLog does),
+// else among this limiter's (a share keeps the window).
+func (l *limiter) fallbackDenial(r Result) error {
+	window := l.windows[0]
+	if fb, ok := l.fallback.(interface{ Strategies() []Strategy }); ok {
+		for _, st := range fb.Strategies() {
+			if st.Limit == r.Limit {
+				window = st.Window
+			}
+		}
+	} else {
+		for i, limit := range l.limits {
+			if limit == r.Limit {
+				window = l.windows[i]
+			}
 		}
 	}
 	return &ViolationStrategyError{Limit: r.Limit, Window: window, RetryAfter: r.RetryAfter}

@@ -443,7 +443,7 @@ func TestCeilSeconds(t *testing.T) {
 		d    time.Duration
 		want int64
 	}{
-		{redlimit.Never, 0}, {0, 0}, {time.Microsecond, 1}, {time.Second, 1},
+		{-time.Second, 0}, {0, 0}, {time.Microsecond, 1}, {time.Second, 1},
 		{time.Second + time.Microsecond, 2}, {90 * time.Second, 90},
 		{time.Duration(1<<63 - 1), (1<<63-1)/int64(time.Second) + 1},
 	} {

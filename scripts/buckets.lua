@@ -148,7 +148,8 @@ local function decide_log(now, n, precision, limits, sizes)
   local corrupt = 'a hash that is not a sliding log'
 
   local state
-  local raw = redis.call('HGET', KEYS[1], 'm')
+  local raw = redis.pcall('HGET', KEYS[1], 'm')
+  if type(raw) == 'table' and raw.err then return not_ours('another type than a hash') end
   if raw then
     state = parse_meta(raw)
     if not state then return not_ours(corrupt) end

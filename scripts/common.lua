@@ -46,8 +46,15 @@ local function reply(allowed, remaining, retry_us, reset_us, strategy)
 end
 
 -- The error for a key whose value is not this script's state. Nothing has
--- been written when it is returned.
+-- been written when it is returned. It does not quote the key (which may be
+-- huge, or hold a NUL): the Go side names it, bounded, after the NOTOURS code.
 local function not_ours(what)
-  return redis.error_reply('redlimit: key ' .. KEYS[1] .. ' holds ' .. what ..
-    ', not redlimit state; it was left unchanged')
+  return redis.error_reply('NOTOURS holds ' .. what .. ', not redlimit state; it was left unchanged')
+end
+
+-- GET, or nil and an error reply when the key holds another type.
+local function get_string(what)
+  local raw = redis.pcall('GET', KEYS[1])
+  if type(raw) == 'table' and raw.err then return nil, not_ours('another type than ' .. what) end
+  return raw
 end

@@ -16,7 +16,8 @@ local limit = tonumber(ARGV[3])
 local window = tonumber(ARGV[4])
 
 local count, window_end = 0, 0
-local raw = redis.call('GET', KEYS[1])
+local raw, foreign = get_string('a fixed window')
+if foreign then return foreign end
 if raw then
   if not string.match(raw, '^[1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d+$') then
     return not_ours('a string that is not a fixed window')

@@ -46,10 +46,13 @@ local function store_level(now, level, den)
   redis.call('SET', KEYS[1], tat, 'PX', ttl_ms(ceil_div(level, den)))
 end
 
-local function load_level(now, full, den)
-  local raw = redis.call('GET', KEYS[1])
+-- The level at now, whether it was clamped, or nil and the error reply for
+-- a key that holds something else.
+local function load_level(now, full, den, what)
+  local raw, foreign = get_string(what)
+  if foreign then return nil, foreign end
   if not raw then return 0, false end
   local tat_us, tat_num = read_tat(raw, den)
-  if not tat_us then return nil end
+  if not tat_us then return nil, not_ours('a value that is not ' .. what) end
   return level_at(now, tat_us, tat_num, full, den)
 end

@@ -17,8 +17,8 @@ local per = tonumber(ARGV[4])
 local count = tonumber(ARGV[5])
 local full = capacity * per
 
-local level, changed = load_level(now, full, count)
-if not level then return not_ours('a value that is not a leaky bucket') end
+local level, changed = load_level(now, full, count, 'a leaky bucket')
+if not level then return changed end
 
 local allowed, retry = false, 0
 local need = n * per

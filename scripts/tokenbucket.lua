@@ -18,8 +18,8 @@ local per = tonumber(ARGV[4])
 local count = tonumber(ARGV[5])
 local full = capacity * per
 
-local missing, changed = load_level(now, full, count)
-if not missing then return not_ours('a value that is not a token bucket') end
+local missing, changed = load_level(now, full, count, 'a token bucket')
+if not missing then return changed end
 local tokens = full - missing
 
 local allowed, retry = false, 0

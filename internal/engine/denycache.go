@@ -2,6 +2,7 @@ package engine
 
 import (
 	"container/list"
+	"math"
 	"sync"
 	"time"
 )
@@ -24,6 +25,9 @@ type denyCache struct {
 	lru      list.List                // front: most recently stored
 	// generation counts Resets: a denial decided before one is stale.
 	generation uint64
+	// bytes counts what the entries hold (entryBytes each); maxBytes bounds
+	// it, whatever the length of the keys.
+	bytes, maxBytes int
 }
 
 type denial struct {
@@ -37,6 +41,7 @@ type denial struct {
 
 func newDenyCache(size, capacity int) *denyCache {
 	c := &denyCache{size: size, capacity: capacity, entries: make(map[string]*list.Element)}
+	c.maxBytes = int(min(int64(size)*(entryOverhead+keyAllowance), math.MaxInt))
 	c.lru.Init()
 	return c
 }
@@ -62,12 +67,14 @@ func (c *denyCache) lookup(key string, n int, now time.Time) (Reply, bool) {
 	case n == d.n:
 		r.RetryAfter = ceilMicro(d.until.Sub(now))
 	case n > c.capacity:
-		r.RetryAfter = Never
+		// As the script answers it: Never, reported by the strategy with
+		// the smallest limit (the first), whichever denied d.
+		r.RetryAfter, r.Strategy = Never, 0
 	default:
 		return Reply{}, false
 	}
 	r.ResetAfter = ceilMicro(d.resetAt.Sub(now))
-	if r.RetryAfter > r.ResetAfter {
+	if r.RetryAfter != Never && r.RetryAfter > r.ResetAfter {
 		r.ResetAfter = r.RetryAfter
 	}
 	return r, true
@@ -94,7 +101,7 @@ func (c *denyCache) store(key string, n int, r Reply, now time.Time, gen uint64)
 		}
 		return
 	}
-	if r.RetryAfter <= 0 || gen != c.generation {
+	if r.RetryAfter <= 0 || r.RetryAfter == Never || gen != c.generation {
 		return
 	}
 	d := &denial{key: key, n: n, at: now, until: now.Add(r.RetryAfter), resetAt: now.Add(r.ResetAfter), reply: r}
@@ -103,11 +110,23 @@ func (c *denyCache) store(key string, n int, r Reply, now time.Time, gen uint64)
 		c.lru.MoveToFront(el)
 		return
 	}
-	if c.lru.Len() >= c.size {
+	c.entries[key] = c.lru.PushFront(d)
+	c.bytes += entryBytes(key)
+	for c.lru.Len() > c.size || c.bytes > c.maxBytes {
 		c.remove(c.lru.Back())
 	}
-	c.entries[key] = c.lru.PushFront(d)
 }
+
+// entryOverhead is about what an entry costs besides its key's bytes: the
+// map entry, the list element and the denial. keyAllowance is what each
+// entry may spend on its key before the byte bound evicts older ones.
+const (
+	entryOverhead = 200
+	keyAllowance  = 256
+)
+
+// entryBytes is what an entry for key is counted as.
+func entryBytes(key string) int { return entryOverhead + len(key) }
 
 // forget drops key's denial, after a Reset, and makes denials still in
 // flight stale.
@@ -122,7 +141,9 @@ func (c *denyCache) forget(key string) {
 
 func (c *denyCache) remove(el *list.Element) {
 	c.lru.Remove(el)
-	delete(c.entries, el.Value.(*denial).key)
+	key := el.Value.(*denial).key
+	delete(c.entries, key)
+	c.bytes -= entryBytes(key)
 }
 
 // ceilMicro rounds d up to a whole microsecond, so that a caller who waits

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -28,6 +29,10 @@ type Config struct {
 	Breaker     *Breaker
 	Unavailable error
 	Fallback    func(ctx context.Context, key string, n int) (Reply, error)
+	// InvalidArgument and Foreign are the root package's sentinels that a
+	// bad key, n or clock reading and a key holding a foreign value match.
+	InvalidArgument error
+	Foreign         error
 }
 
 // Event is what the observer is told of one call.
@@ -61,6 +66,8 @@ type Engine struct {
 	breaker             *Breaker
 	unavailableSentinel error
 	fallbackFn          func(ctx context.Context, key string, n int) (Reply, error)
+	invalidArgument     error
+	foreign             error
 }
 
 // New returns an engine for cfg. The caller has validated cfg.
@@ -78,6 +85,8 @@ func New(rdb redis.Scripter, cfg Config) *Engine {
 		breaker:             cfg.Breaker,
 		unavailableSentinel: cfg.Unavailable,
 		fallbackFn:          cfg.Fallback,
+		invalidArgument:     cfg.InvalidArgument,
+		foreign:             cfg.Foreign,
 	}
 	if cfg.DenyCache > 0 {
 		e.cache = newDenyCache(cfg.DenyCache, cfg.Capacity)
@@ -148,11 +157,11 @@ func (e *Engine) Decide(ctx context.Context, key string, n int) (Reply, error) {
 }
 
 func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local bool, err error) {
-	if err := checkKey(key); err != nil {
+	if err := e.checkArgs(ctx, key); err != nil {
 		return Reply{}, false, err
 	}
 	if n < 0 {
-		return Reply{}, false, fmt.Errorf("redlimit: n %d: must not be negative: %w", n, ErrInvalidArgument)
+		return Reply{}, false, Errorf(e.invalidArgument, "redlimit: %s: n %d: must not be negative", e.algorithm, n)
 	}
 	var now time.Time
 	var nowArg any = "" // the script reads the Redis server's TIME
@@ -160,7 +169,10 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 		now = e.clock()
 		us := now.UnixMicro()
 		if us < 0 || us > maxClockUS {
-			return Reply{}, false, fmt.Errorf("redlimit: clock reads %v: must be between the Unix epoch and 2^52µs after it (year 2112)", now)
+			// The clock WithClock gave is wrong, not the call: but it is
+			// found at call time, like a bad argument, and never reaches
+			// Redis.
+			return Reply{}, false, Errorf(e.invalidArgument, "redlimit: %s: clock reads %v: must be between the Unix epoch and 2^52µs after it (year 2112)", e.algorithm, now)
 		}
 		nowArg = us
 	}
@@ -181,11 +193,11 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 		if r, ok := e.fallback(ctx, key, n, err); ok {
 			return r, false, nil
 		}
-		return Reply{}, false, e.redisError(ctx, "", err)
+		return Reply{}, false, e.redisError(ctx, key, "", err)
 	}
 	r, err = parseReplyText(text)
 	if err == nil && r.Strategy >= e.policies {
-		err = fmt.Errorf("redlimit: script reply names strategy %d of %d", r.Strategy, e.policies)
+		err = fmt.Errorf("script reply names strategy %d of %d", r.Strategy, e.policies)
 	}
 	if err != nil {
 		return Reply{}, false, fmt.Errorf("redlimit: %s: %w", e.algorithm, err)
@@ -202,7 +214,7 @@ var resetScript = redis.NewScript(`return redis.call('DEL', KEYS[1])`)
 
 // Reset forgets all state of key, in Redis and in the deny cache.
 func (e *Engine) Reset(ctx context.Context, key string) error {
-	if err := checkKey(key); err != nil {
+	if err := e.checkArgs(ctx, key); err != nil {
 		return err
 	}
 	if e.cache != nil {
@@ -212,7 +224,7 @@ func (e *Engine) Reset(ctx context.Context, key string) error {
 		defer e.cache.forget(key)
 	}
 	if err := resetScript.Run(ctx, e.rdb, []string{e.prefix + key}).Err(); err != nil {
-		return e.redisError(ctx, "reset: ", err)
+		return e.redisError(ctx, key, "reset: ", err)
 	}
 	return nil
 }
@@ -220,7 +232,11 @@ func (e *Engine) Reset(ctx context.Context, key string) error {
 // redisError wraps an error from Redis. go-redis turns a ctx deadline into a
 // socket deadline, whose error is an i/o timeout; when ctx is done the error
 // matches ctx's error too, so errors.Is(err, context.DeadlineExceeded) holds.
-func (e *Engine) redisError(ctx context.Context, op string, err error) error {
+// A script's refusal of a foreign value names the key, bounded and quoted.
+func (e *Engine) redisError(ctx context.Context, key, op string, err error) error {
+	if msg, ok := strings.CutPrefix(err.Error(), foreignPrefix); ok && redis.HasErrorPrefix(err, "NOTOURS") {
+		return Errorf(e.foreign, "redlimit: %s: %skey %s %s", e.algorithm, op, QuoteKey(e.prefix+key), msg)
+	}
 	ctxErr := ctx.Err()
 	if ctxErr == nil && errors.Is(err, os.ErrDeadlineExceeded) {
 		// The socket deadline is the ctx's, and may fire a moment before
@@ -235,9 +251,30 @@ func (e *Engine) redisError(ctx context.Context, op string, err error) error {
 	return fmt.Errorf("redlimit: %s: %s%w", e.algorithm, op, err)
 }
 
-func checkKey(key string) error {
+// foreignPrefix starts the error reply of a script that found a value it
+// did not write (common.lua's not_ours).
+const foreignPrefix = "NOTOURS "
+
+// checkArgs checks what every call carries. A nil ctx is refused like a bad
+// argument: the standard library's rule is never to pass one, and a limiter
+// in front of every request must not panic on it.
+func (e *Engine) checkArgs(ctx context.Context, key string) error {
+	if ctx == nil {
+		return Errorf(e.invalidArgument, "redlimit: %s: nil context (use context.Background())", e.algorithm)
+	}
 	if key == "" {
-		return fmt.Errorf("redlimit: key is empty: %w", ErrInvalidArgument)
+		return Errorf(e.invalidArgument, "redlimit: %s: key is empty", e.algorithm)
 	}
 	return nil
+}
+
+// QuoteKey returns key for an error message: quoted (a key may hold any
+// byte, NUL included) and cut to its first 64 bytes, with its length, so
+// that an error never grows with a hostile key.
+func QuoteKey(key string) string {
+	const most = 64
+	if len(key) <= most {
+		return fmt.Sprintf("%q", key)
+	}
+	return fmt.Sprintf("%q… (%d bytes)", key[:most], len(key))
 }

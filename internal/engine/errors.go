@@ -1,15 +1,21 @@
-// Package engine is the machinery every redlimit limiter shares: argument
-// checks, key prefixing, the deny cache, running a script in one round trip,
-// parsing its reply and telling the observer. An algorithm supplies only its
-// script, its ARGV and its capacity.
 package engine
 
-import "errors"
+import "fmt"
 
-// The sentinels the root package re-exports. They live here so that the
-// shared machinery can return errors that match them.
-var (
-	ErrAcquireFailed   = errors.New("redlimit: rate limit exceeded")
-	ErrInvalidConfig   = errors.New("redlimit: invalid configuration")
-	ErrInvalidArgument = errors.New("redlimit: invalid argument")
-)
+// Errorf returns an error whose text is the formatted message alone and
+// which matches sentinel (errors.Is), so that a message says "redlimit:"
+// once and still matches the root package's sentinel. A %w in format is
+// matched too.
+func Errorf(sentinel error, format string, args ...any) error {
+	err := fmt.Errorf(format, args...)
+	return &sentinelError{msg: err.Error(), sentinel: sentinel, cause: err}
+}
+
+type sentinelError struct {
+	msg      string
+	sentinel error
+	cause    error
+}
+
+func (e *sentinelError) Error() string   { return e.msg }
+func (e *sentinelError) Unwrap() []error { return []error{e.sentinel, e.cause} }

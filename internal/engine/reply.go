@@ -2,11 +2,13 @@ package engine
 
 import (
 	"fmt"
+	"math"
 	"time"
 )
 
-// Never is the RetryAfter of a request that can never be allowed.
-const Never time.Duration = -1
+// Never is the RetryAfter of a request that can never be allowed: the
+// largest Duration, as redlimit.Never. Scripts reply -1 for it.
+const Never time.Duration = math.MaxInt64
 
 // Reply is one decision as a script reports it.
 type Reply struct {

@@ -1,0 +1,271 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// routePair is one algorithm configured twice, as two routes of one service
+// would configure it: a strict limit (a login form) and a loose one (an API).
+type routePair struct {
+	name          string
+	strict, loose func(rdb redis.Scripter, opts ...Option) (Limiter, error)
+}
+
+var routePairs = []routePair{
+	{"fixed_window",
+		func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+			return NewFixedWindow(rdb, 5, time.Minute, opts...)
+		},
+		func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+			return NewFixedWindow(rdb, 100, time.Second, opts...)
+		}},
+	{"sliding_window",
+		func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+			return NewSlidingWindow(rdb, 5, time.Minute, time.Second, opts...)
+		},
+		func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+			return NewSlidingWindow(rdb, 100, time.Second, 100*time.Millisecond, opts...)
+		}},
+	{"sliding_log",
+		func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+			return NewSlidingLog(rdb, time.Second, []Strategy{{Limit: 5, Window: time.Minute}}, opts...)
+		},
+		func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+			return NewSlidingLog(rdb, 100*time.Millisecond, []Strategy{{Limit: 100, Window: time.Second}}, opts...)
+		}},
+	{"leaky_bucket",
+		func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+			return NewLeakyBucket(rdb, 5, PerMinute(1), opts...)
+		},
+		func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+			return NewLeakyBucket(rdb, 100, PerSecond(10), opts...)
+		}},
+	{"token_bucket",
+		func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+			return NewTokenBucket(rdb, 5, PerMinute(1), opts...)
+		},
+		func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+			return NewTokenBucket(rdb, 100, PerSecond(10), opts...)
+		}},
+}
+
+// Two routes limited by client IP with different limits, both with default
+// keys, never meet: the strict one grants exactly what it grants alone
+// while the loose one is called between every two of its calls. Before
+// default keys carried a fingerprint, /login's token bucket admitted 1000 of
+// 1000 requests in a second this way.
+func TestDefaultKeysIsolateConfigs(t *testing.T) {
+	for _, p := range routePairs {
+		t.Run(p.name, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, b backend) {
+				ctx := context.Background()
+				grants := func(withLoose bool) int {
+					clock := &fakeClock{now: epoch}
+					strict, err := p.strict(b.rdb, WithClock(clock.Now))
+					require.NoError(t, err)
+					loose, err := p.loose(b.rdb, WithClock(clock.Now))
+					require.NoError(t, err)
+					key := "203.0.113.7"
+					if !withLoose {
+						key = "198.51.100.9" // a client of its own
+					}
+					require.NotEqual(t, strict.(interface{ RedisKey(string) string }).RedisKey(key),
+						loose.(interface{ RedisKey(string) string }).RedisKey(key), "two configurations, two keys")
+					granted := 0
+					for range 600 { // one fake minute, a request every 100ms
+						if withLoose {
+							_, err := loose.Allow(ctx, key)
+							require.NoError(t, err)
+						}
+						r, err := strict.Allow(ctx, key)
+						require.NoError(t, err)
+						if r.Allowed {
+							granted++
+						}
+						clock.Advance(100 * time.Millisecond)
+					}
+					return granted
+				}
+				alone := grants(false)
+				require.LessOrEqual(t, alone, 6, "the strict route alone grants about 5 in a minute")
+				assert.Equal(t, alone, grants(true), "the loose route on the same client changes nothing")
+			})
+		})
+	}
+}
+
+// The fingerprint depends on what a limiter decides, not on how its
+// configuration was written, and is stable across releases: a change to it
+// starts every user's keys afresh, so it must be a deliberate one.
+func TestDefaultKeyFingerprint(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	t.Cleanup(func() { rdb.Close() })
+	shape := regexp.MustCompile(`^redlimit:(fw|sw|sl|lb|tb):[0-9a-v]{8}:$`)
+	prefix := func(l Limiter, err error) string {
+		t.Helper()
+		require.NoError(t, err)
+		p := keyPrefix(l)
+		require.Regexp(t, shape, p)
+		return p
+	}
+
+	tb := prefix(NewTokenBucket(rdb, 10, PerSecond(10)))
+	assert.Equal(t, tb, prefix(NewTokenBucket(rdb, 10, Rate{Count: 20, Per: 2 * time.Second})), "one rate written two ways")
+	assert.Equal(t, tb, prefix(NewTokenBucket(rdb, 10, PerSecond(10), WithDenyCache(10))), "options that do not decide are not in it")
+	assert.NotEqual(t, tb, prefix(NewTokenBucket(rdb, 11, PerSecond(10))), "capacity")
+	assert.NotEqual(t, tb, prefix(NewTokenBucket(rdb, 10, PerSecond(11))), "rate")
+	assert.NotEqual(t, tb, prefix(NewLeakyBucket(rdb, 10, PerSecond(10))), "algorithm")
+
+	sl := prefix(NewSlidingLog(rdb, time.Second, []Strategy{{3, time.Minute}, {10, time.Hour}}))
+	assert.Equal(t, sl, prefix(NewSlidingLog(rdb, time.Second, []Strategy{{10, time.Hour}, {3, time.Minute}})), "strategies in any order")
+	assert.NotEqual(t, sl, prefix(NewSlidingLog(rdb, 2*time.Second, []Strategy{{3, time.Minute}, {10, time.Hour}})), "precision")
+
+	// Pinned: these change only with a state format or a fingerprint
+	// change, which must be a deliberate, documented one.
+	golden := map[string]string{
+		"fw": prefix(NewFixedWindow(rdb, 100, time.Minute)),
+		"sw": prefix(NewSlidingWindow(rdb, 100, time.Minute, time.Second)),
+		"sl": sl,
+		"lb": prefix(NewLeakyBucket(rdb, 10, PerSecond(10))),
+		"tb": tb,
+	}
+	for code, p := range golden {
+		assert.Equal(t, goldenPrefixes[code], p, "the %s fingerprint moved: every deployed key would start afresh", code)
+	}
+	assert.Equal(t, "app:k", must(NewFixedWindow(rdb, 1, time.Second, WithPrefix("app:"))).RedisKey("k"), "WithPrefix is taken as it is")
+}
+
+// goldenPrefixes are the default prefixes of TestDefaultKeyFingerprint's
+// configurations in this release.
+var goldenPrefixes = map[string]string{
+	"fw": "redlimit:fw:4dcou3vl:",
+	"sw": "redlimit:sw:g97glpgo:",
+	"sl": "redlimit:sl:5jeab7d4:",
+	"lb": "redlimit:lb:5f3mi0ft:",
+	"tb": "redlimit:tb:dmq3nieu:",
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// Every algorithm's TryAcquire denies with a *ViolationStrategyError that
+// carries the Limit, Window and RetryAfter of the limit that denied.
+func TestTypedDenials(t *testing.T) {
+	want := map[string]ViolationStrategyError{
+		"fixed_window":   {Limit: 3, Window: 10 * time.Second, RetryAfter: 10 * time.Second},
+		"sliding_window": {Limit: 3, Window: 10 * time.Second, RetryAfter: 10 * time.Second},
+		"sliding_log":    {Limit: 3, Window: 10 * time.Second, RetryAfter: 10 * time.Second},
+		"leaky_bucket":   {Limit: 3, Window: 10 * time.Second, RetryAfter: 10 * time.Second / 3},
+		"token_bucket":   {Limit: 3, Window: 10 * time.Second, RetryAfter: 10*time.Second/3 + time.Microsecond},
+	}
+	for _, a := range threePermitAlgorithms {
+		t.Run(a.name, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, b backend) {
+				ctx := context.Background()
+				clock := &fakeClock{now: epoch}
+				l, err := a.make(b.rdb, WithClock(clock.Now))
+				require.NoError(t, err)
+				for i := range 3 {
+					require.NoError(t, l.TryAcquire(ctx, "k"), "permit %d", i)
+				}
+				err = l.TryAcquire(ctx, "k")
+				require.ErrorIs(t, err, ErrAcquireFailed)
+				var v *ViolationStrategyError
+				require.ErrorAs(t, err, &v)
+				w := want[a.name]
+				assert.Equal(t, w.Limit, v.Limit, "Limit")
+				assert.Equal(t, w.Window, v.Window, "Window")
+				assert.InDelta(t, float64(w.RetryAfter), float64(v.RetryAfter), float64(time.Microsecond), "RetryAfter")
+				r, err := l.AllowN(ctx, "k", 4)
+				require.NoError(t, err)
+				assert.False(t, r.Allowed)
+				assert.Equal(t, Never, r.RetryAfter, "more than the capacity: Never")
+			})
+		})
+	}
+}
+
+// A limiter no constructor made, and a nil ctx, are errors with a sentinel
+// and the algorithm's name, never a panic and never a round trip.
+func TestMisuseIsAnError(t *testing.T) {
+	zero := []Limiter{&FixedWindow{}, &SlidingWindow{}, &SlidingLog{}, &LeakyBucket{}, &TokenBucket{}}
+	for _, l := range zero {
+		ctx := context.Background()
+		assert.ErrorIs(t, l.TryAcquire(ctx, "k"), ErrInvalidConfig)
+		_, err := l.AllowN(ctx, "k", 1)
+		assert.ErrorIs(t, err, ErrInvalidConfig)
+		assert.ErrorIs(t, l.Reset(ctx, "k"), ErrInvalidConfig)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	t.Cleanup(func() { rdb.Close() })
+	for _, a := range threePermitAlgorithms {
+		l, err := a.make(rdb)
+		require.NoError(t, err)
+		//lint:ignore SA1012 a nil ctx is the misuse under test
+		_, err = l.AllowN(nil, "k", 1) //nolint:staticcheck
+		require.ErrorIs(t, err, ErrInvalidArgument, a.name)
+		assert.Contains(t, err.Error(), a.name)
+		_, err = l.AllowN(context.Background(), "", 1)
+		require.ErrorIs(t, err, ErrInvalidArgument, a.name)
+		assert.Contains(t, err.Error(), a.name)
+		_, err = l.AllowN(context.Background(), "k", -1)
+		require.ErrorIs(t, err, ErrInvalidArgument, a.name)
+		assert.Contains(t, err.Error(), a.name)
+		assert.Equal(t, 1, strings.Count(err.Error(), "redlimit:"), "%q says redlimit: once", err)
+
+		clocked, err := a.make(rdb, WithClock(func() time.Time { return time.Unix(-1, 0) }))
+		require.NoError(t, err)
+		_, err = clocked.AllowN(context.Background(), "k", 1)
+		require.ErrorIs(t, err, ErrInvalidArgument, "a clock before 1970")
+		assert.Contains(t, err.Error(), a.name)
+		clocked, err = a.make(rdb, WithClock(func() time.Time { return time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC) }))
+		require.NoError(t, err)
+		_, err = clocked.AllowN(context.Background(), "k", 1)
+		require.ErrorIs(t, err, ErrInvalidArgument, "a clock after 2112")
+	}
+}
+
+// A key that holds something else is ErrForeignState, with a message that
+// quotes the key with escapes and at most 64 of its bytes, whatever its size
+// and content.
+func TestForeignStateErrorText(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		for _, a := range threePermitAlgorithms {
+			l, err := a.make(b.rdb, WithPrefix(""))
+			require.NoError(t, err)
+			for _, key := range []string{strings.Repeat("k", 16<<20), "nul\x00key\nline"} {
+				require.NoError(t, b.rdb.SAdd(ctx, key, "member").Err(), "a set: a type no limiter writes")
+				_, err := l.Allow(ctx, key)
+				require.ErrorIs(t, err, ErrForeignState, a.name)
+				msg := err.Error()
+				assert.Less(t, len(msg), 400, "%s: bounded message", a.name)
+				assert.Equal(t, 1, strings.Count(msg, "redlimit:"), "%q", msg)
+				assert.Contains(t, msg, a.name)
+				assert.NotContains(t, msg, "\x00")
+				assert.NotContains(t, msg, "\n")
+				if len(key) > 64 {
+					assert.Contains(t, msg, "16777216 bytes", "says how long the key was")
+				} else {
+					assert.Contains(t, msg, `"nul\x00key\nline"`)
+				}
+				require.Equal(t, "set", b.rdb.Type(ctx, key).Val(), "left untouched")
+				require.NoError(t, b.rdb.Del(ctx, key).Err())
+			}
+		}
+	})
+	assert.False(t, errors.Is(ErrForeignState, ErrAcquireFailed), "no decision is not a denial")
+}
