@@ -152,8 +152,9 @@ func TestDifferential(t *testing.T) {
 						if b.mini == nil {
 							// Real Redis expires keys in real time while this
 							// trace runs on a fake clock; expiry is tested
-							// apart, here only the decisions are.
-							require.NoError(t, b.rdb.Persist(ctx, "diff:k").Err())
+							// apart, here only the decisions are. A key
+							// always keeps a TTL: one without is foreign.
+							require.NoError(t, b.rdb.PExpire(ctx, "diff:k", time.Hour).Err())
 						}
 					}
 				})
@@ -225,7 +226,7 @@ func TestRetryAfterIsExact(t *testing.T) {
 					require.NoError(t, err)
 					require.True(t, onTime.Allowed, "step %d: denied with RetryAfter %v, still denied after it (%+v)", i, r.RetryAfter, onTime)
 					if b.mini == nil {
-						require.NoError(t, b.rdb.Persist(ctx, prefix+"k").Err())
+						require.NoError(t, b.rdb.PExpire(ctx, prefix+"k", time.Hour).Err())
 					}
 				}
 				require.Greater(t, probes, 10, "the trace should deny often enough to probe")

@@ -36,7 +36,7 @@ func NewFixedWindow(rdb redis.Scripter, limit int, window time.Duration, opts ..
 	l, err := newLimiter(rdb, spec{
 		algorithm: algorithm,
 		code:      "fw",
-		format:    1,
+		format:    2,
 		script:    fixedWindowScript,
 		args:      []any{limit, windowUS},
 		limits:    []int{limit},

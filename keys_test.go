@@ -147,11 +147,11 @@ func TestDefaultKeyFingerprint(t *testing.T) {
 // goldenPrefixes are the default prefixes of TestDefaultKeyFingerprint's
 // configurations in this release.
 var goldenPrefixes = map[string]string{
-	"fw": "redlimit:fw:4dcou3vl:",
-	"sw": "redlimit:sw:g97glpgo:",
-	"sl": "redlimit:sl:5jeab7d4:",
-	"lb": "redlimit:lb:5f3mi0ft:",
-	"tb": "redlimit:tb:dmq3nieu:",
+	"fw": "redlimit:fw:7vja755g:",
+	"sw": "redlimit:sw:rkcv9rv6:",
+	"sl": "redlimit:sl:qara8lu1:",
+	"lb": "redlimit:lb:cuo8ql0u:",
+	"tb": "redlimit:tb:k4sr3o95:",
 }
 
 func must[T any](v T, err error) T {

@@ -34,7 +34,7 @@ func NewLeakyBucket(rdb redis.Scripter, capacity int, leak Rate, opts ...Option)
 	l, err := newLimiter(rdb, spec{
 		algorithm: "leaky_bucket",
 		code:      "lb",
-		format:    1,
+		format:    2,
 		script:    leakyBucketScript,
 		args:      args,
 		limits:    []int{capacity},

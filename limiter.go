@@ -86,7 +86,7 @@ var (
 	// A limiter not made by its constructor (a zero value) returns it too.
 	ErrInvalidConfig = errors.New("redlimit: invalid configuration")
 	// ErrInvalidArgument is matched by call errors: an empty key, n < 0, a
-	// nil ctx, or a WithClock clock outside 1970-2112. Such calls never
+	// nil ctx, or a WithClock clock outside 2001-2112. Such calls never
 	// reach Redis.
 	ErrInvalidArgument = errors.New("redlimit: invalid argument")
 	// ErrForeignState is matched by the error of a call on a key that holds
@@ -172,7 +172,9 @@ func WithPrefix(prefix string) Option {
 // WithClock makes the limiter decide on now instead of the Redis server's
 // TIME: for tests with a fake clock, or for Redis-compatible services that
 // refuse TIME in scripts. Every process sharing a key should then use clocks
-// that agree. A nil clock is ErrInvalidConfig.
+// that agree, and read between 2001-09-09 and 2112 (10^15 to 2^52 µs after
+// the Unix epoch; a call outside is ErrInvalidArgument). A nil clock is
+// ErrInvalidConfig.
 func WithClock(now func() time.Time) Option {
 	return func(o *options) { o.clock, o.clockSet = now, true }
 }

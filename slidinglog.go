@@ -71,7 +71,7 @@ func NewSlidingLog(rdb redis.Scripter, precision time.Duration, strategies []Str
 	l, err := newLimiter(rdb, spec{
 		algorithm: algorithm,
 		code:      "sl",
-		format:    1,
+		format:    2,
 		script:    slidingLogScript,
 		args:      args,
 		limits:    limits,

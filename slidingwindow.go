@@ -39,7 +39,7 @@ func NewSlidingWindow(rdb redis.Scripter, limit int, window, precision time.Dura
 	l, err := newLimiter(rdb, spec{
 		algorithm: algorithm,
 		code:      "sw",
-		format:    1,
+		format:    2,
 		script:    slidingWindowScript,
 		args:      []any{limit, size, precisionUS},
 		limits:    []int{limit},

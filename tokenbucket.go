@@ -34,7 +34,7 @@ func NewTokenBucket(rdb redis.Scripter, capacity int, refill Rate, opts ...Optio
 	l, err := newLimiter(rdb, spec{
 		algorithm: "token_bucket",
 		code:      "tb",
-		format:    1,
+		format:    2,
 		script:    tokenBucketScript,
 		args:      args,
 		limits:    []int{capacity},

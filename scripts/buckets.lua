@@ -5,8 +5,9 @@
 -- permits in the `size` buckets ending with now's bucket. Strategies come
 -- sorted by size, ascending, with limits ascending.
 --
--- The key is a hash:
---   "m"        meta, space-separated integers:
+-- The key is a hash, with a TTL:
+--   "m"        meta, space-separated: the algorithm's tag ("w" for the
+--              sliding window, "l" for the sliding log), then integers:
 --              precision S size_1..size_S tail tail_count cursor_1 total_1 .. cursor_S total_S
 --   "<index>"  a nonempty bucket: "<count>" for the newest (the tail),
 --              "<count> <index of the next nonempty bucket>" for the others.
@@ -15,34 +16,60 @@
 -- window, so a call reads only the buckets that leave a window, however many
 -- the window holds. The longest strategy's cursor is the head of the queue;
 -- buckets that leave its window are deleted.
+--
+-- Bounded work (DESIGN property 9): a call reads at most BUDGET buckets.
+-- When more would leave a window in one call, the cursor stops where the
+-- budget ran out and the strategy is `stale`: its total still counts the
+-- buckets not yet walked, so it can only deny more, never grant more, and
+-- the next calls walk on. A stale strategy, or a RetryAfter the budget
+-- cannot reach, reports the time its whole window empties: longer than the
+-- exact RetryAfter by less than the window. A window that empties entirely
+-- costs no walk at all.
+--
+-- A denial and n == 0 never need a write (property 10): what they learn
+-- (cursors that moved, dead buckets) is written with redis.pcall, best
+-- effort, so that a server refusing writes still decides.
+
+local BUDGET = 32
 
 -- bucket -> {count, next}, read at most once per call. Keyed by -index:
 -- gopher-lua (miniredis) keeps positive integer keys in an array part filled
 -- up to the key, and bucket indices run to billions.
 local log_cache = {}
+local reads = 0
 
+-- A bucket's count and next index; or nil and true when the budget is
+-- spent, nil and false when the field is missing or malformed.
 local function read_bucket(index)
   local cached = log_cache[-index]
   if cached then return cached[1], cached[2] end
+  if reads >= BUDGET then return nil, true end
+  reads = reads + 1
   local raw = redis.call('HGET', KEYS[1], string.format('%d', index))
-  if not raw then return nil end
-  local count, next_index = string.match(raw, '^(%d+) (%d+)$')
+  if not raw then return nil, false end
+  local count, next_index = string.match(raw, '^([1-9]%d*) (%d+)$')
   if count then
     count, next_index = tonumber(count), tonumber(next_index)
-    if next_index <= index then return nil end
+    if next_index <= index then return nil, false end
   else
-    count, next_index = tonumber(string.match(raw, '^%d+$')), -1
-    if not count then return nil end
+    count, next_index = tonumber(string.match(raw, '^[1-9]%d*$')), -1
+    if not count then return nil, false end
   end
   log_cache[-index] = {count, next_index}
   return count, next_index
 end
 
-local function parse_meta(raw)
+local function parse_meta(raw, tag)
   local m = {}
+  local first = true
   for field in string.gmatch(raw, '[^ ]+') do
-    if not string.match(field, '^%-?%d+$') then return nil end
-    m[#m + 1] = tonumber(field)
+    if first then
+      if field ~= tag then return nil end
+      first = false
+    else
+      if not string.match(field, '^%-?%d+$') then return nil end
+      m[#m + 1] = tonumber(field)
+    end
   end
   local S = m[2]
   if not S or S < 1 or #m ~= 4 + 3 * S or m[1] < 1 then return nil end
@@ -51,6 +78,7 @@ local function parse_meta(raw)
   state.tail, state.tail_count = m[3 + S], m[4 + S]
   for i = 1, S do
     state.cursor[i], state.total[i] = m[3 + S + 2 * i], m[4 + S + 2 * i]
+    if state.total[i] < 0 then return nil end
   end
   return state
 end
@@ -63,41 +91,55 @@ local function same_config(state, precision, sizes)
   return true
 end
 
--- Rewrites the log for `precision` and `sizes` at bucket b: used when the
--- configuration changed on a live key, or the clock went back. Buckets map to
--- the new bucket holding their start; buckets after b (from the clock's
+local function empty_state(precision, sizes)
+  local state = {precision = precision, sizes = sizes, cursor = {}, total = {}, tail = -1, tail_count = 0}
+  for i = 1, #sizes do state.cursor[i], state.total[i] = -1, 0 end
+  return state
+end
+
+-- Maps the log onto `precision` and `sizes` at bucket b: used when the
+-- configuration changed on a live key, or the clock went back. Buckets map
+-- to the new bucket holding their start; buckets after b (from the clock's
 -- future) fold into b, so no permit is forgotten and none is counted for
--- longer than the longest window from now. Reads everything before writing.
+-- longer than the longest window from now. Past the budget, the permits not
+-- walked (the old longest total less those walked) fold into the newest
+-- bucket: counted for longer, never forgotten. Returns the new state and
+-- its buckets, oldest first, as {index, count}; nothing is written here.
 local function rebuild(old, b, precision, sizes)
   local S = #sizes
   local entries = {}
-  local index = old.cursor[#old.cursor]
+  local function add(moved, count)
+    if moved <= b - sizes[S] then return end
+    local last = entries[#entries]
+    if last and last[1] == moved then
+      last[2] = last[2] + count
+    else
+      entries[#entries + 1] = {moved, count}
+    end
+  end
+  local S_old = #old.sizes
+  local index, walked = old.cursor[S_old], 0
   while index ~= -1 do
     local count, next_index = read_bucket(index)
-    if not count then return nil end
-    local moved = math.min(idiv(index * old.precision, precision), b)
-    if moved > b - sizes[S] then
-      local last = entries[#entries]
-      if last and last[1] == moved then
-        last[2] = last[2] + count
-      else
-        entries[#entries + 1] = {moved, count}
-      end
+    if not count then
+      if not next_index then return nil end
+      -- Out of budget: the rest, newer than every bucket walked.
+      local rest = old.total[S_old] - walked
+      if rest > 0 then add(math.min(idiv(old.tail * old.precision, precision), b), rest) end
+      break
     end
+    walked = walked + count
+    add(math.min(idiv(index * old.precision, precision), b), count)
     index = next_index
   end
-  redis.call('DEL', KEYS[1])
+  local state = empty_state(precision, sizes)
+  -- Later reads in this call see the new log, not the old hash.
   log_cache = {}
-  local state = {precision = precision, sizes = sizes, cursor = {}, total = {}, tail = -1, tail_count = 0}
-  for i = 1, S do state.cursor[i], state.total[i] = -1, 0 end
   for k, entry in ipairs(entries) do
     local index, count = entry[1], entry[2]
     local next_index = -1
     if entries[k + 1] then next_index = entries[k + 1][1] end
     log_cache[-index] = {count, next_index}
-    local value = string.format('%d', count)
-    if next_index ~= -1 then value = string.format('%d %d', count, next_index) end
-    redis.call('HSET', KEYS[1], string.format('%d', index), value)
     for i = 1, S do
       if index > b - sizes[i] then
         if state.cursor[i] == -1 then state.cursor[i] = index end
@@ -106,10 +148,10 @@ local function rebuild(old, b, precision, sizes)
     end
     state.tail, state.tail_count = index, count
   end
-  return state
+  return state, entries
 end
 
-local function meta_string(state)
+local function meta_string(state, tag)
   local m = {state.precision, #state.sizes}
   for i = 1, #state.sizes do m[#m + 1] = state.sizes[i] end
   m[#m + 1] = state.tail
@@ -119,18 +161,28 @@ local function meta_string(state)
     m[#m + 1] = state.total[i]
   end
   for i = 1, #m do m[i] = string.format('%d', m[i]) end
-  return table.concat(m, ' ')
+  return tag .. ' ' .. table.concat(m, ' ')
+end
+
+-- When the whole of strategy i's window has emptied: the longest any
+-- RetryAfter of it can be.
+local function window_clear(state, i, now)
+  return (state.tail + state.sizes[i]) * state.precision - now
 end
 
 -- How long until strategy i admits n more: walk its window from the oldest
--- bucket until enough permits have left. Reads at most as many buckets as
--- permits must leave.
-local function retry_after(state, i, n, limit, now)
+-- bucket until enough permits have left, within the budget; past it, the
+-- time the window empties. Nil for a malformed bucket.
+local function retry_after(state, i, n, limit, now, stale)
+  if stale then return window_clear(state, i, now) end
   local excess = state.total[i] + n - limit
   local index, left = state.cursor[i], 0
   while index ~= -1 do
     local count, next_index = read_bucket(index)
-    if not count then return nil end
+    if not count then
+      if next_index then return window_clear(state, i, now) end
+      return nil
+    end
     left = left + count
     if left >= excess then
       return (index + state.sizes[i]) * state.precision - now
@@ -141,40 +193,58 @@ local function retry_after(state, i, n, limit, now)
 end
 
 -- Decides a request of n permits at now against every strategy and returns
--- the script's reply. limits and sizes are in ascending order.
-local function decide_log(now, n, precision, limits, sizes)
+-- the script's reply. limits and sizes are in ascending order; tag names
+-- the algorithm in the meta field.
+local function decide_log(now, n, precision, limits, sizes, tag)
   local S = #sizes
   local b = idiv(now, precision)
-  local corrupt = 'a hash that is not a sliding log'
+  local corrupt = 'a hash that is not a ' .. (tag == 'w' and 'sliding window' or 'sliding log')
 
   local state
   local raw = redis.pcall('HGET', KEYS[1], 'm')
   if type(raw) == 'table' and raw.err then return not_ours('another type than a hash') end
   if raw then
-    state = parse_meta(raw)
+    state = parse_meta(raw, tag)
     if not state then return not_ours(corrupt) end
   elseif redis.call('EXISTS', KEYS[1]) == 1 then
     return not_ours(corrupt)
   else
-    state = {precision = precision, sizes = sizes, cursor = {}, total = {}, tail = -1, tail_count = 0}
-    for i = 1, S do state.cursor[i], state.total[i] = -1, 0 end
+    state = empty_state(precision, sizes)
   end
 
   -- changed: the hash must be written; tail_moved: its TTL too. While the
   -- newest bucket stays the same, so does the time the log empties, and the
-  -- TTL set when that bucket began still covers it.
-  local changed, tail_moved = false, false
-  local dead = {}
-  if not same_config(state, precision, sizes) or state.tail > b then
-    state = rebuild(state, b, precision, sizes)
+  -- TTL set when that bucket began still covers it. entries: a rebuilt log
+  -- that replaces the hash.
+  local changed, tail_moved, entries = false, false, nil
+  local dead, stale = {}, {}
+  if raw and (not same_config(state, precision, sizes) or state.tail > b
+      or state.tail <= b - state.sizes[#state.sizes]) then
+    -- Off the hot path. Our keys always carry a TTL: a hash without one
+    -- is someone else's, and is neither rebuilt nor deleted.
+    if redis.call('PTTL', KEYS[1]) < 0 then return not_ours(corrupt) end
+  end
+  if raw and state.tail <= b - state.sizes[#state.sizes] then
+    -- Every bucket left the longest window: an empty log, whatever it held.
+    state, changed, entries = empty_state(precision, sizes), true, {}
+  elseif not same_config(state, precision, sizes) or state.tail > b then
+    state, entries = rebuild(state, b, precision, sizes)
     if not state then return not_ours(corrupt) end
     changed, tail_moved = true, true
   else
     for i = 1, S do
       local last_out = b - sizes[i]
+      if state.tail ~= -1 and state.tail <= last_out then
+        -- The whole window left: no walk.
+        state.cursor[i], state.total[i], changed = -1, 0, true
+      end
       while state.cursor[i] ~= -1 and state.cursor[i] <= last_out do
         local count, next_index = read_bucket(state.cursor[i])
-        if not count then return not_ours(corrupt) end
+        if not count then
+          if not next_index then return not_ours(corrupt) end
+          stale[i] = true
+          break
+        end
         if i == S then dead[#dead + 1] = string.format('%d', state.cursor[i]) end
         state.total[i] = state.total[i] - count
         state.cursor[i] = next_index
@@ -192,7 +262,7 @@ local function decide_log(now, n, precision, limits, sizes)
     -- count above it.
     for i = 1, S do
       if state.total[i] + n > limits[i] then
-        local wait = retry_after(state, i, n, limits[i], now)
+        local wait = retry_after(state, i, n, limits[i], now, stale[i])
         if not wait then return not_ours(corrupt) end
         if allowed or wait > retry then reported, retry = i, wait end
         allowed = false
@@ -234,12 +304,33 @@ local function decide_log(now, n, precision, limits, sizes)
   if state.tail ~= -1 then reset = (state.tail + sizes[S]) * precision - now end
 
   if changed then
+    -- A grant must be written; anything else is best effort.
+    local call = redis.pcall
+    if allowed and n > 0 then call = redis.call end
+    if entries then
+      -- UNLINK frees a large hash off the main thread; the permits it held
+      -- that still count are in entries.
+      local ok = call('UNLINK', KEYS[1])
+      if type(ok) == 'table' and ok.err then return reply(allowed, remaining, retry, reset, reported - 1) end
+      for k, entry in ipairs(entries) do
+        if k < #entries or entry[1] ~= state.tail then
+          local next_index = b
+          if entries[k + 1] then next_index = entries[k + 1][1] end
+          writes[#writes + 1] = string.format('%d', entry[1])
+          writes[#writes + 1] = string.format('%d %d', entry[2], next_index)
+        elseif not (allowed and n > 0) then
+          writes[#writes + 1] = string.format('%d', entry[1])
+          writes[#writes + 1] = string.format('%d', entry[2])
+        end
+      end
+      tail_moved = true
+    end
     if state.tail == -1 then
-      redis.call('DEL', KEYS[1])
+      if not entries then call('UNLINK', KEYS[1]) end
     else
-      if #dead > 0 then redis.call('HDEL', KEYS[1], unpack(dead)) end
-      redis.call('HSET', KEYS[1], 'm', meta_string(state), unpack(writes))
-      if tail_moved then redis.call('PEXPIRE', KEYS[1], ttl_ms(reset)) end
+      if #dead > 0 then call('HDEL', KEYS[1], unpack(dead)) end
+      call('HSET', KEYS[1], 'm', meta_string(state, tag), unpack(writes))
+      if tail_moved then call('PEXPIRE', KEYS[1], ttl_ms(reset)) end
     end
   end
   return reply(allowed, remaining, retry, reset, reported - 1)

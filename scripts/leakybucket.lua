@@ -17,8 +17,8 @@ local per = tonumber(ARGV[4])
 local count = tonumber(ARGV[5])
 local full = capacity * per
 
-local level, changed = load_level(now, full, count, 'a leaky bucket')
-if not level then return changed end
+local level, clamped = load_level(now, full, count, '1', 'a leaky bucket')
+if not level then return clamped end
 
 local allowed, retry = false, 0
 local need = n * per
@@ -26,10 +26,14 @@ if n > capacity then
   retry = -1
 elseif level + need <= full then
   allowed, level = true, level + need
-  changed = changed or n > 0
 else
   retry = ceil_div(level + need - full, count)
 end
 
-if changed then store_level(now, level, count) end
+if allowed and n > 0 then
+  store_level(now, level, count, '1', redis.call)
+elseif clamped then
+  -- A denial or n == 0 needs no write: best effort (maxmemory, a replica).
+  store_level(now, level, count, '1', redis.pcall)
+end
 return reply(allowed, idiv(full - level, per), retry, ceil_div(level, count))

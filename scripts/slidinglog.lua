@@ -14,4 +14,4 @@ for i = 4, #ARGV, 2 do
   limits[#limits + 1] = tonumber(ARGV[i])
   sizes[#sizes + 1] = tonumber(ARGV[i + 1])
 end
-return decide_log(now_us(), tonumber(ARGV[2]), tonumber(ARGV[3]), limits, sizes)
+return decide_log(now_us(), tonumber(ARGV[2]), tonumber(ARGV[3]), limits, sizes, 'l')

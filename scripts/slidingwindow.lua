@@ -9,4 +9,4 @@
 -- ARGV[5] precision  bucket length (µs)
 
 return decide_log(now_us(), tonumber(ARGV[2]), tonumber(ARGV[5]),
-  {tonumber(ARGV[3])}, {tonumber(ARGV[4])})
+  {tonumber(ARGV[3])}, {tonumber(ARGV[4])}, 'w')

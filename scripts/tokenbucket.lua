@@ -18,8 +18,8 @@ local per = tonumber(ARGV[4])
 local count = tonumber(ARGV[5])
 local full = capacity * per
 
-local missing, changed = load_level(now, full, count, 'a token bucket')
-if not missing then return changed end
+local missing, clamped = load_level(now, full, count, '2', 'a token bucket')
+if not missing then return clamped end
 local tokens = full - missing
 
 local allowed, retry = false, 0
@@ -28,10 +28,14 @@ if n > capacity then
   retry = -1
 elseif tokens >= need then
   allowed, tokens = true, tokens - need
-  changed = changed or n > 0
 else
   retry = ceil_div(need - tokens, count)
 end
 
-if changed then store_level(now, full - tokens, count) end
+if allowed and n > 0 then
+  store_level(now, full - tokens, count, '2', redis.call)
+elseif clamped then
+  -- A denial or n == 0 needs no write: best effort (maxmemory, a replica).
+  store_level(now, full - tokens, count, '2', redis.pcall)
+end
 return reply(allowed, idiv(tokens, per), retry, ceil_div(full - tokens, count))

@@ -49,6 +49,11 @@ type Event struct {
 // stays below 2^53, where Lua's doubles stop being exact integers.
 const maxClockUS = 1 << 52
 
+// minClockUS bounds a WithClock time from below, at 2001-09-09: every time a
+// script stores then has 16 digits, a shape that other applications' small
+// counters and second or millisecond timestamps never have.
+const minClockUS = 1_000_000_000_000_000
+
 // Engine runs one algorithm's decisions. It is safe for concurrent use.
 type Engine struct {
 	rdb       redis.Scripter
@@ -168,11 +173,11 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 	if e.clock != nil {
 		now = e.clock()
 		us := now.UnixMicro()
-		if us < 0 || us > maxClockUS {
+		if us < minClockUS || us > maxClockUS {
 			// The clock WithClock gave is wrong, not the call: but it is
 			// found at call time, like a bad argument, and never reaches
 			// Redis.
-			return Reply{}, false, Errorf(e.invalidArgument, "redlimit: %s: clock reads %v: must be between the Unix epoch and 2^52µs after it (year 2112)", e.algorithm, now)
+			return Reply{}, false, Errorf(e.invalidArgument, "redlimit: %s: clock reads %v: must be between 2001-09-09 (10^15µs after the Unix epoch) and 2112 (2^52µs)", e.algorithm, now)
 		}
 		nowArg = us
 	}
