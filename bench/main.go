@@ -8,6 +8,7 @@
 //	go run .                 # full run, about 4 minutes on 2 cores
 //	go run . -quick          # CI smoke, under a minute
 //	go run . -json out.json  # also write JSON
+//	go run . -adversarial    # only the sliding window on adversarial states
 package main
 
 import (
@@ -34,6 +35,7 @@ type flags struct {
 	goroutines int
 	memKeys    int
 	variants   bool
+	adverse    bool
 	jsonPath   string
 	mdPath     string
 }
@@ -48,6 +50,7 @@ func main() {
 	flag.IntVar(&f.goroutines, "goroutines", 64, "goroutines in the concurrent pass")
 	flag.IntVar(&f.memKeys, "memkeys", 10000, "keys written to measure Redis memory per key")
 	flag.BoolVar(&f.variants, "variants", false, "only measure Lua script variants (where a limiter's Redis time goes) and exit")
+	flag.BoolVar(&f.adverse, "adversarial", false, "only measure sliding-window calls on adversarial states and exit")
 	flag.StringVar(&f.jsonPath, "json", "", "write all results as JSON to this file")
 	flag.StringVar(&f.mdPath, "md", "", "also write the markdown tables to this file")
 	flag.Parse()
@@ -123,6 +126,11 @@ func run(f flags) error {
 		_, err := env.measureVariants(5000, 7)
 		return err
 	}
+	if f.adverse {
+		rs, err := env.adversarial()
+		fmt.Print(adversarialMarkdown(rs))
+		return err
+	}
 	rep := report{Machine: machine(ctx, admin), Command: commandLine(), Config: f.describe()}
 
 	rows, err := env.buildRows()
@@ -145,6 +153,9 @@ func run(f flags) error {
 	}
 	if rep.DenyCache, err = env.denyCacheIdentity(); err != nil {
 		return fmt.Errorf("deny cache: %w", err)
+	}
+	if rep.Adversarial, err = env.adversarial(); err != nil {
+		return fmt.Errorf("adversarial: %w", err)
 	}
 	rep.Targets = targets(rep)
 	md := rep.markdown()

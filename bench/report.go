@@ -20,7 +20,9 @@ type report struct {
 	Exactness []exactnessResult `json:"exactness"`
 	Scaling   []scalingResult   `json:"scaling"`
 	DenyCache []denyCacheResult `json:"deny_cache"`
-	Targets   []targetResult    `json:"targets"`
+	// Adversarial is a sliding-window call on states an attacker can build.
+	Adversarial []adversarialResult `json:"adversarial"`
+	Targets     []targetResult      `json:"targets"`
 }
 
 type machineInfo struct {
@@ -180,6 +182,16 @@ func targets(rep report) []targetResult {
 			out = append(out, targetResult{Target: "Redis µs per call, 3,600 buckets ÷ 10 buckets (worst mode)", Subject: a, Measured: v, Want: "<= 1.5", Pass: v <= 1.5})
 		}
 	}
+	if len(rep.Adversarial) > 1 {
+		worst := rep.Adversarial[1]
+		for _, a := range rep.Adversarial[1:] {
+			if a.VsNormal > worst.VsNormal {
+				worst = a
+			}
+		}
+		out = append(out, targetResult{Target: "worst adversarial state: script µs per call ÷ normal call", Subject: "sliding_window", Measured: worst.VsNormal, Want: "<= 3", Pass: worst.VsNormal <= 3,
+			Note: fmt.Sprintf("%s: %.1f µs, normal %.1f µs", worst.State, worst.ScriptUS, rep.Adversarial[0].ScriptUS)})
+	}
 	for _, d := range rep.DenyCache {
 		r := find("hot", "redlimit "+d.Algorithm+" +deny cache")
 		if r == nil {
@@ -230,6 +242,7 @@ func (rep report) markdown() string {
 	for _, d := range rep.DenyCache {
 		p("| %s | %d | %d | %d | %d | %.4f |\n", d.Algorithm, d.Decisions, d.Allowed, d.SameAllowed, d.SameResult, d.CallsPerDecision)
 	}
+	b.WriteString(adversarialMarkdown(rep.Adversarial))
 	p("\n| target | subject | measured | want | result | note |\n|---|---|--:|---|---|---|\n")
 	for _, t := range rep.Targets {
 		res := "PASS"
