@@ -180,15 +180,18 @@ func WithClock(now func() time.Time) Option {
 }
 
 // WithDenyCache keeps up to size recent denials in process. While a denial's
-// RetryAfter has not passed, the same request on that key is denied locally,
-// without a round trip (Decision.Local is set), and so is one for more
-// permits than the capacity (RetryAfter == Never). This is exact for every
-// algorithm here, since state only recovers with time, except after a Reset
-// from another process. A request for more permits than the cached denial,
+// RetryAfter has not passed and the key's Remaining has not changed, the
+// same request on that key is denied locally, without a round trip
+// (Decision.Local is set), and so is one for more permits than the capacity
+// (RetryAfter == Never), with the Result Redis would give, to the
+// microsecond under WithClock. This is exact for every algorithm here,
+// since state only recovers with time, except after a Reset or grants from
+// another process. A request for more permits than the cached denial,
 // though denied too, goes to Redis: only Redis knows its longer RetryAfter.
 // An allowed request, a Reset through this limiter, or a clock that went
-// back drops the key's entry; when full, the oldest stored entry goes. A
-// locally denied Result carries the Remaining of the cached denial. size <=
+// back drops the key's entry; when full, the oldest stored entry goes. Its
+// memory is bounded by about size × 456 bytes whatever the keys' length:
+// keys longer than 256 bytes on average make it keep fewer entries. size <=
 // 0 is ErrInvalidConfig. Default: off.
 func WithDenyCache(size int) Option {
 	return func(o *options) { o.denyCache, o.denyCacheSet = size, true }

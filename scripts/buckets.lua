@@ -302,6 +302,16 @@ local function decide_log(now, n, precision, limits, sizes, tag)
 
   local reset = 0
   if state.tail ~= -1 then reset = (state.tail + sizes[S]) * precision - now end
+  -- Remaining changes when the oldest bucket of a window leaves it; at
+  -- once for a stale window (its cursor is behind).
+  local stable = -1
+  for i = 1, S do
+    if state.cursor[i] ~= -1 then
+      local leaves = (state.cursor[i] + sizes[i]) * precision - now
+      if stale[i] then leaves = 0 end
+      if stable == -1 or leaves < stable then stable = math.max(0, leaves) end
+    end
+  end
 
   if changed then
     -- A grant must be written; anything else is best effort.
@@ -311,7 +321,7 @@ local function decide_log(now, n, precision, limits, sizes, tag)
       -- UNLINK frees a large hash off the main thread; the permits it held
       -- that still count are in entries.
       local ok = call('UNLINK', KEYS[1])
-      if type(ok) == 'table' and ok.err then return reply(allowed, remaining, retry, reset, reported - 1) end
+      if type(ok) == 'table' and ok.err then return reply(allowed, remaining, retry, reset, reported - 1, 0) end
       for k, entry in ipairs(entries) do
         if k < #entries or entry[1] ~= state.tail then
           local next_index = b
@@ -333,5 +343,5 @@ local function decide_log(now, n, precision, limits, sizes, tag)
       if tail_moved then call('PEXPIRE', KEYS[1], ttl_ms(reset)) end
     end
   end
-  return reply(allowed, remaining, retry, reset, reported - 1)
+  return reply(allowed, remaining, retry, reset, reported - 1, stable)
 end

@@ -39,10 +39,12 @@ local function ttl_ms(reset_us)
 end
 
 -- allowed (bool), remaining permits, retry-after µs (-1: never), reset-after
--- µs, and the index of the reported strategy (sliding log; 0 otherwise).
-local function reply(allowed, remaining, retry_us, reset_us, strategy)
-  return string.format('%d %d %d %d %d', allowed and 1 or 0, math.max(0, remaining),
-    retry_us, reset_us, strategy or 0)
+-- µs, the index of the reported strategy (sliding log; 0 otherwise), and
+-- stable µs: how long Remaining stays as it is if nothing is granted (-1:
+-- until reset), which bounds how long a deny cache may repeat this reply.
+local function reply(allowed, remaining, retry_us, reset_us, strategy, stable_us)
+  return string.format('%d %d %d %d %d %d', allowed and 1 or 0, math.max(0, remaining),
+    retry_us, reset_us, strategy or 0, math.max(-1, stable_us or -1))
 end
 
 -- The error for a key whose value is not this script's state. Nothing has

@@ -77,4 +77,5 @@ if write or clamp then
     redis.pcall('SET', KEYS[1], value, 'PX', ttl_ms(reset))
   end
 end
-return reply(allowed, limit - count, retry, reset)
+-- Remaining only changes when the window ends.
+return reply(allowed, limit - count, retry, reset, 0, reset)

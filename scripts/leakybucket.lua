@@ -36,4 +36,8 @@ elseif clamped then
   -- A denial or n == 0 needs no write: best effort (maxmemory, a replica).
   store_level(now, level, count, '1', redis.pcall)
 end
-return reply(allowed, idiv(full - level, per), retry, ceil_div(level, count))
+local remaining = idiv(full - level, per)
+-- Remaining grows by one once the level has drained to the next permit.
+local stable = -1
+if remaining < capacity then stable = ceil_div(level - (full - (remaining + 1) * per), count) end
+return reply(allowed, remaining, retry, ceil_div(level, count), 0, stable)

@@ -38,4 +38,8 @@ elseif clamped then
   -- A denial or n == 0 needs no write: best effort (maxmemory, a replica).
   store_level(now, full - tokens, count, '2', redis.pcall)
 end
-return reply(allowed, idiv(tokens, per), retry, ceil_div(full - tokens, count))
+local remaining = idiv(tokens, per)
+-- Remaining grows by one once the next whole token has refilled.
+local stable = -1
+if remaining < capacity then stable = ceil_div((remaining + 1) * per - tokens, count) end
+return reply(allowed, remaining, retry, ceil_div(full - tokens, count), 0, stable)

@@ -34,7 +34,8 @@ type denial struct {
 	key     string
 	n       int
 	at      time.Time // when it was decided, on the limiter's clock
-	until   time.Time // when the denial's RetryAfter passes
+	until   time.Time // when the denial's RetryAfter passes or its Remaining changes
+	retryAt time.Time // when the denial's RetryAfter passes
 	resetAt time.Time
 	reply   Reply
 }
@@ -65,7 +66,7 @@ func (c *denyCache) lookup(key string, n int, now time.Time) (Reply, bool) {
 	r := d.reply
 	switch {
 	case n == d.n:
-		r.RetryAfter = ceilMicro(d.until.Sub(now))
+		r.RetryAfter = ceilMicro(d.retryAt.Sub(now))
 	case n > c.capacity:
 		// As the script answers it: Never, reported by the strategy with
 		// the smallest limit (the first), whichever denied d.
@@ -101,10 +102,13 @@ func (c *denyCache) store(key string, n int, r Reply, now time.Time, gen uint64)
 		}
 		return
 	}
-	if r.RetryAfter <= 0 || r.RetryAfter == Never || gen != c.generation {
+	// The denial holds while its RetryAfter runs, and its Result while
+	// Remaining stays as it is: the shorter of the two.
+	hold := min(r.RetryAfter, r.Stable)
+	if r.RetryAfter == Never || hold <= 0 || gen != c.generation {
 		return
 	}
-	d := &denial{key: key, n: n, at: now, until: now.Add(r.RetryAfter), resetAt: now.Add(r.ResetAfter), reply: r}
+	d := &denial{key: key, n: n, at: now, until: now.Add(hold), retryAt: now.Add(r.RetryAfter), resetAt: now.Add(r.ResetAfter), reply: r}
 	if el, ok := c.entries[key]; ok {
 		el.Value = d
 		c.lru.MoveToFront(el)

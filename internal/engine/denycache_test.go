@@ -15,7 +15,7 @@ var t0 = time.Unix(1_800_000_000, 0)
 
 // denied is a denial as a script would report it.
 func denied(remaining int64, retry, reset time.Duration, strategy int) Reply {
-	return Reply{Remaining: remaining, RetryAfter: retry, ResetAfter: reset, Strategy: strategy}
+	return Reply{Remaining: remaining, RetryAfter: retry, ResetAfter: reset, Strategy: strategy, Stable: Never}
 }
 
 func TestDenyCacheLookup(t *testing.T) {
@@ -220,4 +220,41 @@ func TestCeilMicro(t *testing.T) {
 			require.Equal(t, tc.want, ceilMicro(tc.in), "ceilMicro(%v) rounds up to the µs", tc.in)
 		})
 	}
+}
+
+// heapAlloc returns the live heap after a collection.
+func heapAlloc() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// The cache is bounded in bytes whatever the keys' length: an attacker who
+// picks the keys (10 KiB each, all different) cannot grow it past
+// size × (entryOverhead + keyAllowance). It used to keep size entries of any
+// length: 100,000 denials on 10 KiB keys held about 1 GiB.
+func TestDenyCacheMemoryBound(t *testing.T) {
+	const size = 20_000
+	c := newDenyCache(size, 3)
+	before := heapAlloc()
+	long := make([]byte, 10<<10)
+	for i := range size {
+		copy(long, fmt.Sprintf("%08d", i))
+		c.store(string(long), 1, denied(0, time.Minute, time.Minute, 0), t0, c.begin())
+	}
+	grown := int64(heapAlloc()) - int64(before)
+	bound := int64(size * (entryOverhead + keyAllowance))
+	t.Logf("%d denials on 10 KiB keys: heap +%.1f MiB, %d entries kept; bound %.1f MiB (unbounded: %.0f MiB of keys alone)",
+		size, float64(grown)/(1<<20), c.lru.Len(), float64(bound)/(1<<20), float64(size*len(long))/(1<<20))
+	require.LessOrEqual(t, grown, bound+bound/2, "heap growth within the byte bound (and some slack for the map)")
+	require.LessOrEqual(t, c.bytes, c.maxBytes)
+	runtime.KeepAlive(c)
+
+	// Short keys: the byte bound never shrinks the cache below size entries.
+	c = newDenyCache(size, 3)
+	for i := range size + 10 {
+		c.store(fmt.Sprintf("203.0.113.%d:%d", i%256, i), 1, denied(0, time.Minute, time.Minute, 0), t0, c.begin())
+	}
+	require.Equal(t, size, c.lru.Len(), "short keys: size entries")
 }

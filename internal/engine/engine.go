@@ -179,7 +179,9 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 			// Redis.
 			return Reply{}, false, Errorf(e.invalidArgument, "redlimit: %s: clock reads %v: must be between 2001-09-09 (10^15µs after the Unix epoch) and 2112 (2^52µs)", e.algorithm, now)
 		}
-		nowArg = us
+		// The deny cache counts on the microsecond the script decides on,
+		// so that its Results equal the script's to the microsecond.
+		nowArg, now = us, time.UnixMicro(us)
 	}
 	var generation uint64
 	if e.cache != nil {

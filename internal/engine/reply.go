@@ -17,19 +17,24 @@ type Reply struct {
 	RetryAfter time.Duration // Never when the request exceeds the capacity
 	ResetAfter time.Duration
 	Strategy   int // sliding log: index of the reported strategy; 0 otherwise
+	// Stable is how long Remaining stays as it is if nothing is granted:
+	// until then, the same request gets the same Result but for its
+	// durations counting down. Never: until ResetAfter.
+	Stable time.Duration
 	// Fallback is non-nil when Config.Fallback decided instead of Redis: its
 	// own result, for the caller to report as it is.
 	Fallback any
 }
 
 // replyFields is the number of integers every script returns:
-// allowed (0/1), remaining, retry-after µs (-1 = never), reset-after µs, strategy.
-const replyFields = 5
+// allowed (0/1), remaining, retry-after µs (-1 = never), reset-after µs,
+// strategy, stable µs (-1 = until reset).
+const replyFields = 6
 
 // maxDurationUS is the longest duration, in µs, a time.Duration holds.
 const maxDurationUS = int64(1<<63-1) / int64(time.Microsecond)
 
-// ParseReply parses a script's reply: one bulk string of five space-separated
+// ParseReply parses a script's reply: one bulk string of six space-separated
 // decimal integers. A single string costs one allocation in the client where
 // an array of integers costs one per element. Anything else is an error, never
 // a panic: the reply may come from a server or proxy that misbehaves.
@@ -79,13 +84,14 @@ func parseReplyText(s string) (Reply, error) {
 	if i != len(s) {
 		return Reply{}, fmt.Errorf("redlimit: malformed script reply %q: trailing data", s)
 	}
-	allowed, remaining, retryUS, resetUS, strategy := fields[0], fields[1], fields[2], fields[3], fields[4]
+	allowed, remaining, retryUS, resetUS, strategy, stableUS := fields[0], fields[1], fields[2], fields[3], fields[4], fields[5]
 	switch {
 	case allowed != 0 && allowed != 1,
 		remaining < 0,
 		retryUS < -1, retryUS > maxDurationUS, allowed == 1 && retryUS != 0,
 		resetUS < 0, resetUS > maxDurationUS,
-		strategy < 0 || strategy > 1<<16:
+		strategy < 0 || strategy > 1<<16,
+		stableUS < -1, stableUS > maxDurationUS:
 		return Reply{}, fmt.Errorf("redlimit: script reply %q out of range", s)
 	}
 	r := Reply{
@@ -94,6 +100,10 @@ func parseReplyText(s string) (Reply, error) {
 		RetryAfter: Never,
 		ResetAfter: time.Duration(resetUS) * time.Microsecond,
 		Strategy:   int(strategy),
+		Stable:     Never,
+	}
+	if stableUS >= 0 {
+		r.Stable = time.Duration(stableUS) * time.Microsecond
 	}
 	if retryUS >= 0 {
 		r.RetryAfter = time.Duration(retryUS) * time.Microsecond

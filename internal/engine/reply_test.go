@@ -15,23 +15,28 @@ var replyCases = []struct {
 	want    Reply
 	wantErr bool
 }{
-	// Valid replies: allowed, remaining, retry-after µs, reset-after µs, strategy.
-	{name: "allowed", in: "1 2 0 1000 0",
-		want: Reply{Allowed: true, Remaining: 2, ResetAfter: time.Millisecond}},
-	{name: "allowed, nothing left", in: "1 0 0 1000000 0",
-		want: Reply{Allowed: true, ResetAfter: time.Second}},
-	{name: "zero state", in: "1 3 0 0 0",
-		want: Reply{Allowed: true, Remaining: 3}},
-	{name: "denied", in: "0 0 333334 1000000 0",
-		want: Reply{Remaining: 0, RetryAfter: 333334 * time.Microsecond, ResetAfter: time.Second}},
-	{name: "denied, never", in: "0 2 -1 500 0",
-		want: Reply{Remaining: 2, RetryAfter: Never, ResetAfter: 500 * time.Microsecond}},
-	{name: "sliding log strategy", in: "0 0 8950000 9850000 3",
-		want: Reply{RetryAfter: 8950 * time.Millisecond, ResetAfter: 9850 * time.Millisecond, Strategy: 3}},
-	{name: "largest strategy", in: "1 0 0 0 65536",
-		want: Reply{Allowed: true, Strategy: 65536}},
-	{name: "largest durations", in: "0 1099511627776 9223372036854775 9223372036854775 0",
-		want: Reply{Remaining: 1 << 40, RetryAfter: 9223372036854775 * time.Microsecond, ResetAfter: 9223372036854775 * time.Microsecond}},
+	// Valid replies: allowed, remaining, retry-after µs, reset-after µs, strategy, stable µs.
+	{name: "allowed", in: "1 2 0 1000 0 -1",
+		want: Reply{Stable: Never, Allowed: true, Remaining: 2, ResetAfter: time.Millisecond}},
+	{name: "allowed, nothing left", in: "1 0 0 1000000 0 -1",
+		want: Reply{Stable: Never, Allowed: true, ResetAfter: time.Second}},
+	{name: "zero state", in: "1 3 0 0 0 -1",
+		want: Reply{Stable: Never, Allowed: true, Remaining: 3}},
+	{name: "denied", in: "0 0 333334 1000000 0 -1",
+		want: Reply{Stable: Never, Remaining: 0, RetryAfter: 333334 * time.Microsecond, ResetAfter: time.Second}},
+	{name: "denied, never", in: "0 2 -1 500 0 -1",
+		want: Reply{Stable: Never, Remaining: 2, RetryAfter: Never, ResetAfter: 500 * time.Microsecond}},
+	{name: "sliding log strategy", in: "0 0 8950000 9850000 3 -1",
+		want: Reply{Stable: Never, RetryAfter: 8950 * time.Millisecond, ResetAfter: 9850 * time.Millisecond, Strategy: 3}},
+	{name: "largest strategy", in: "1 0 0 0 65536 -1",
+		want: Reply{Stable: Never, Allowed: true, Strategy: 65536}},
+	{name: "largest durations", in: "0 1099511627776 9223372036854775 9223372036854775 0 -1",
+		want: Reply{Stable: Never, Remaining: 1 << 40, RetryAfter: 9223372036854775 * time.Microsecond, ResetAfter: 9223372036854775 * time.Microsecond}},
+
+	{name: "stable", in: "0 1 5000 9000 0 2000",
+		want: Reply{Remaining: 1, RetryAfter: 5 * time.Millisecond, ResetAfter: 9 * time.Millisecond, Stable: 2 * time.Millisecond}},
+	{name: "stable 0", in: "0 1 5000 9000 0 0",
+		want: Reply{Remaining: 1, RetryAfter: 5 * time.Millisecond, ResetAfter: 9 * time.Millisecond}},
 
 	// Not a string: what a script returning a table or number would give.
 	{name: "nil", in: nil, wantErr: true},
@@ -44,7 +49,9 @@ var replyCases = []struct {
 	{name: "space", in: " ", wantErr: true},
 	{name: "four fields", in: "1 2 0 1000", wantErr: true},
 	{name: "four fields and a space", in: "1 2 0 1000 ", wantErr: true},
-	{name: "six fields", in: "1 2 0 1000 0 0", wantErr: true},
+	{name: "five fields", in: "1 2 0 1000 0", wantErr: true},
+	{name: "seven fields", in: "1 2 0 1000 0 0 0", wantErr: true},
+	{name: "stable below -1", in: "1 2 0 1000 0 -2", wantErr: true},
 	{name: "one field", in: "1", wantErr: true},
 	{name: "letters", in: "1 2 0 abc 0", wantErr: true},
 	{name: "exponent", in: "1 2 0 1e3 0", wantErr: true},
@@ -108,7 +115,11 @@ func formatReply(r Reply) string {
 	if r.RetryAfter != Never {
 		retryUS = int64(r.RetryAfter / time.Microsecond)
 	}
-	return fmt.Sprintf("%d %d %d %d %d", allowed, r.Remaining, retryUS, int64(r.ResetAfter/time.Microsecond), r.Strategy)
+	stableUS := int64(-1)
+	if r.Stable != Never {
+		stableUS = int64(r.Stable / time.Microsecond)
+	}
+	return fmt.Sprintf("%d %d %d %d %d %d", allowed, r.Remaining, retryUS, int64(r.ResetAfter/time.Microsecond), r.Strategy, stableUS)
 }
 
 // FuzzParseReply checks that ParseReply never panics, and that whatever it
