@@ -39,8 +39,12 @@ func NewFixedWindow(rdb redis.Scripter, limit int, window time.Duration, opts ..
 		format:    2,
 		script:    fixedWindowScript,
 		args:      []any{limit, windowUS},
-		limits:    []int{limit},
-		windows:   []time.Duration{window},
+		// With a WithPrefix prefix the window's length is stored, so that
+		// configurations of other lengths sharing a key stay within the
+		// looser one (see scripts/fixedwindow.lua).
+		sharedArgs: []any{1},
+		limits:     []int{limit},
+		windows:    []time.Duration{window},
 	}, opts)
 	if err != nil {
 		return nil, err

@@ -247,8 +247,11 @@ type spec struct {
 	format    int    // version of the state's layout in Redis, see defaultPrefix
 	script    script
 	args      []any
-	limits    []int
-	windows   []time.Duration // Window of each limit, for ViolationStrategyError
+	// sharedArgs follow args when the limiter has a WithPrefix prefix, and
+	// may share its keys with other configurations; not in the fingerprint.
+	sharedArgs []any
+	limits     []int
+	windows    []time.Duration // Window of each limit, for ViolationStrategyError
 }
 
 // defaultPrefix is the key prefix of a limiter without WithPrefix:
@@ -292,9 +295,10 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 	if o.denyCacheSet && o.denyCache <= 0 {
 		return limiter{}, engine.Errorf(ErrInvalidConfig, "redlimit: %s: deny cache size %d: must be positive", s.algorithm, o.denyCache)
 	}
-	prefix := defaultPrefix(s)
+	prefix, args := defaultPrefix(s), s.args
 	if o.prefixSet {
 		prefix = o.prefix
+		args = append(slices.Clip(args), s.sharedArgs...)
 	}
 	l := limiter{limits: s.limits, windows: s.windows, fallback: o.outage.fallback, prefix: prefix}
 	cfg := engine.Config{
@@ -302,7 +306,7 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 		Prefix:    prefix,
 		Script:    s.script.Script,
 		Source:    s.script.source,
-		Args:      s.args,
+		Args:      args,
 		Policies:  len(s.limits),
 		Clock:     o.clock,
 		DenyCache: o.denyCache,

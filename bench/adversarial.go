@@ -64,7 +64,8 @@ func writeLog(e *environment, key string, indices []int64, cursor int64, total i
 	}
 	flush()
 	tail := indices[len(indices)-1]
-	meta := fmt.Sprintf("w %d 1 %d %d 1 %d %d", advPrecision.Microseconds(), size, tail, cursor, total)
+	// precision S size tail tail_count head keep all cursor total
+	meta := fmt.Sprintf("w %d 1 %d %d 1 %d %d %d %d %d", advPrecision.Microseconds(), size, tail, indices[0], size, total, cursor, total)
 	pipe.HSet(e.ctx, key, "m", meta)
 	pipe.PExpire(e.ctx, key, 3*advWindow)
 	_, err := pipe.Exec(e.ctx)

@@ -8,14 +8,17 @@
 -- The key is a hash, with a TTL:
 --   "m"        meta, space-separated: the algorithm's tag ("w" for the
 --              sliding window, "l" for the sliding log), then integers:
---              precision S size_1..size_S tail tail_count cursor_1 total_1 .. cursor_S total_S
+--              precision S size_1..size_S tail tail_count head keep all
+--              cursor_1 total_1 .. cursor_S total_S
 --   "<index>"  a nonempty bucket: "<count>" for the newest (the tail),
 --              "<count> <index of the next nonempty bucket>" for the others.
--- The nonempty buckets form a queue, oldest to newest. cursor_i is the oldest
--- bucket inside strategy i's window (-1: none) and total_i the permits in that
--- window, so a call reads only the buckets that leave a window, however many
--- the window holds. The longest strategy's cursor is the head of the queue;
--- buckets that leave its window are deleted.
+-- The nonempty buckets form a queue, oldest (head) to newest (tail), holding
+-- `all` permits. cursor_i is the oldest bucket inside strategy i's window
+-- (-1: none) and total_i the permits in that window, so a call reads only
+-- the buckets that leave a window, however many the window holds. Buckets
+-- are kept for `keep` buckets, at least the longest window: longer when a
+-- configuration with a longer window shares the key (DESIGN property 8), so
+-- that its history is never dropped by another configuration's call.
 --
 -- Bounded work (DESIGN property 9): a call reads at most BUDGET buckets.
 -- When more would leave a window in one call, the cursor stops where the
@@ -72,12 +75,14 @@ local function parse_meta(raw, tag)
     end
   end
   local S = m[2]
-  if not S or S < 1 or #m ~= 4 + 3 * S or m[1] < 1 then return nil end
+  if not S or S < 1 or #m ~= 7 + 3 * S or m[1] < 1 then return nil end
   local state = {precision = m[1], sizes = {}, cursor = {}, total = {}}
   for i = 1, S do state.sizes[i] = m[2 + i] end
   state.tail, state.tail_count = m[3 + S], m[4 + S]
+  state.head, state.keep, state.all = m[5 + S], m[6 + S], m[7 + S]
+  if state.keep < state.sizes[S] or state.all < 0 then return nil end
   for i = 1, S do
-    state.cursor[i], state.total[i] = m[3 + S + 2 * i], m[4 + S + 2 * i]
+    state.cursor[i], state.total[i] = m[6 + S + 2 * i], m[7 + S + 2 * i]
     if state.total[i] < 0 then return nil end
   end
   return state
@@ -92,7 +97,8 @@ local function same_config(state, precision, sizes)
 end
 
 local function empty_state(precision, sizes)
-  local state = {precision = precision, sizes = sizes, cursor = {}, total = {}, tail = -1, tail_count = 0}
+  local state = {precision = precision, sizes = sizes, cursor = {}, total = {}, tail = -1, tail_count = 0,
+    head = -1, keep = sizes[#sizes], all = 0}
   for i = 1, #sizes do state.cursor[i], state.total[i] = -1, 0 end
   return state
 end
@@ -101,15 +107,19 @@ end
 -- configuration changed on a live key, or the clock went back. Buckets map
 -- to the new bucket holding their start; buckets after b (from the clock's
 -- future) fold into b, so no permit is forgotten and none is counted for
--- longer than the longest window from now. Past the budget, the permits not
--- walked (the old longest total less those walked) fold into the newest
--- bucket: counted for longer, never forgotten. Returns the new state and
--- its buckets, oldest first, as {index, count}; nothing is written here.
+-- longer than the longest window from now. Buckets are kept as long as the
+-- old log kept them, if that is longer than the new longest window: a
+-- configuration that shares the key never loses its history to this one.
+-- Past the budget, the permits not walked (the old queue's total less those
+-- walked) fold into the newest bucket: counted for longer, never forgotten.
+-- Returns the new state and its buckets, oldest first, as {index, count};
+-- nothing is written here.
 local function rebuild(old, b, precision, sizes)
   local S = #sizes
+  local keep = math.max(sizes[S], ceil_div(old.keep * old.precision, precision))
   local entries = {}
   local function add(moved, count)
-    if moved <= b - sizes[S] then return end
+    if moved <= b - keep then return end
     local last = entries[#entries]
     if last and last[1] == moved then
       last[2] = last[2] + count
@@ -117,14 +127,13 @@ local function rebuild(old, b, precision, sizes)
       entries[#entries + 1] = {moved, count}
     end
   end
-  local S_old = #old.sizes
-  local index, walked = old.cursor[S_old], 0
+  local index, walked = old.head, 0
   while index ~= -1 do
     local count, next_index = read_bucket(index)
     if not count then
       if not next_index then return nil end
       -- Out of budget: the rest, newer than every bucket walked.
-      local rest = old.total[S_old] - walked
+      local rest = old.all - walked
       if rest > 0 then add(math.min(idiv(old.tail * old.precision, precision), b), rest) end
       break
     end
@@ -133,6 +142,7 @@ local function rebuild(old, b, precision, sizes)
     index = next_index
   end
   local state = empty_state(precision, sizes)
+  state.keep = keep
   -- Later reads in this call see the new log, not the old hash.
   log_cache = {}
   for k, entry in ipairs(entries) do
@@ -146,6 +156,8 @@ local function rebuild(old, b, precision, sizes)
         state.total[i] = state.total[i] + count
       end
     end
+    if state.head == -1 then state.head = index end
+    state.all = state.all + count
     state.tail, state.tail_count = index, count
   end
   return state, entries
@@ -156,6 +168,9 @@ local function meta_string(state, tag)
   for i = 1, #state.sizes do m[#m + 1] = state.sizes[i] end
   m[#m + 1] = state.tail
   m[#m + 1] = state.tail_count
+  m[#m + 1] = state.head
+  m[#m + 1] = state.keep
+  m[#m + 1] = state.all
   for i = 1, #state.sizes do
     m[#m + 1] = state.cursor[i]
     m[#m + 1] = state.total[i]
@@ -218,14 +233,16 @@ local function decide_log(now, n, precision, limits, sizes, tag)
   -- that replaces the hash.
   local changed, tail_moved, entries = false, false, nil
   local dead, stale = {}, {}
-  if raw and (not same_config(state, precision, sizes) or state.tail > b
-      or state.tail <= b - state.sizes[#state.sizes]) then
+  -- All dead: every bucket left the window the log keeps, counted in the
+  -- stored precision.
+  local all_dead = raw and state.tail <= idiv(now, state.precision) - state.keep
+  if raw and (all_dead or not same_config(state, precision, sizes) or state.tail > b) then
     -- Off the hot path. Our keys always carry a TTL: a hash without one
     -- is someone else's, and is neither rebuilt nor deleted.
     if redis.call('PTTL', KEYS[1]) < 0 then return not_ours(corrupt) end
   end
-  if raw and state.tail <= b - state.sizes[#state.sizes] then
-    -- Every bucket left the longest window: an empty log, whatever it held.
+  if all_dead then
+    -- An empty log, whatever it held.
     state, changed, entries = empty_state(precision, sizes), true, {}
   elseif not same_config(state, precision, sizes) or state.tail > b then
     state, entries = rebuild(state, b, precision, sizes)
@@ -245,13 +262,23 @@ local function decide_log(now, n, precision, limits, sizes, tag)
           stale[i] = true
           break
         end
-        if i == S then dead[#dead + 1] = string.format('%d', state.cursor[i]) end
         state.total[i] = state.total[i] - count
         state.cursor[i] = next_index
         changed = true
       end
     end
-    if state.cursor[S] == -1 then state.tail, state.tail_count = -1, 0 end
+    -- Buckets older than the log keeps are deleted, within the budget.
+    while state.head ~= -1 and state.head <= b - state.keep do
+      local count, next_index = read_bucket(state.head)
+      if not count then
+        if not next_index then return not_ours(corrupt) end
+        break
+      end
+      dead[#dead + 1] = string.format('%d', state.head)
+      state.all = state.all - count
+      state.head = next_index
+      changed = true
+    end
   end
 
   local allowed, retry, reported = true, 0, 1
@@ -280,10 +307,12 @@ local function decide_log(now, n, precision, limits, sizes, tag)
         writes[#writes + 1] = string.format('%d %d', state.tail_count, b)
       end
       state.tail, state.tail_count, tail_moved = b, n, true
+      if state.head == -1 then state.head = b end
       for i = 1, S do
         if state.cursor[i] == -1 then state.cursor[i] = b end
       end
     end
+    state.all = state.all + n
     writes[#writes + 1] = string.format('%d', b)
     writes[#writes + 1] = string.format('%d', state.tail_count)
     for i = 1, S do state.total[i] = state.total[i] + n end
@@ -300,8 +329,13 @@ local function decide_log(now, n, precision, limits, sizes, tag)
     end
   end
 
-  local reset = 0
-  if state.tail ~= -1 then reset = (state.tail + sizes[S]) * precision - now end
+  local reset, expire = 0, 0
+  if state.tail ~= -1 then
+    -- The tail may have left this configuration's windows and still be
+    -- kept for a longer one's.
+    reset = math.max(0, (state.tail + sizes[S]) * precision - now)
+    expire = (state.tail + state.keep) * precision - now
+  end
   -- Remaining changes when the oldest bucket of a window leaves it; at
   -- once for a stale window (its cursor is behind).
   local stable = -1
@@ -340,7 +374,7 @@ local function decide_log(now, n, precision, limits, sizes, tag)
     else
       if #dead > 0 then call('HDEL', KEYS[1], unpack(dead)) end
       call('HSET', KEYS[1], 'm', meta_string(state, tag), unpack(writes))
-      if tail_moved then call('PEXPIRE', KEYS[1], ttl_ms(reset)) end
+      if tail_moved then call('PEXPIRE', KEYS[1], ttl_ms(expire)) end
     end
   end
   return reply(allowed, remaining, retry, reset, reported - 1, stable)

@@ -5,50 +5,69 @@
 -- ARGV[2] n        permits asked for (>= 0)
 -- ARGV[3] limit    permits per window
 -- ARGV[4] window   window length (µs)
+-- ARGV[5] "1" when the key may be shared with other configurations
+--         (WithPrefix): the window's length is then stored too
 --
--- State: a string holding one decimal integer, (count * 10^16 + window_end)
--- * 10 + 3: window_end in µs, count >= 1, and 3 the fixed window's tag (the
--- buckets use 1 and 2), so that no other algorithm's state reads as a
--- window. A value that does not have this shape, or has no TTL where the
--- time says it should have ended, is someone else's: an error, untouched. Up to 91 permits it fits in int64 and Redis keeps it INT-encoded,
--- the smallest value a key can hold. The key always has a TTL.
+-- State, a string, in one of two forms; the key always has a TTL:
+--   "<count><end>3"         count >= 1, end with 16 digits (every clock reads
+--                           between 10^15 and 2^52 µs: 2001 to 2112), and 3
+--                           the fixed window's tag (the buckets use 1 and 2),
+--                           so that no other algorithm's state reads as a
+--                           window. A window of this configuration's length.
+--                           Up to 91 permits it is one integer, which Redis
+--                           keeps INT-encoded: the smallest value a key holds.
+--                           Default keys carry a fingerprint of the
+--                           configuration, so only one length meets there.
+--   "<count> <end> <len> 3" a window of len µs, which may be another
+--                           configuration's (DESIGN property 8).
+-- A value of neither shape, or without a TTL where the time says it should
+-- have ended, is someone else's: an error, left untouched.
+--
+-- Configurations sharing a key share one window and its count. Each sees
+-- the window last at least its own length from the window's start, and one
+-- that grants in a window shorter than its own stretches it to its length:
+-- its grants then count against everyone for a whole window of its own.
+
+local WINDOW = '^([1-9]%d*)([1-4]' .. string.rep('%d', 15) .. ')3$'
+local WINDOW_LEN = '^([1-9]%d*) ([1-4]' .. string.rep('%d', 15) .. ') ([1-9]%d*) 3$'
 
 local now = now_us()
 local n = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
 local window = tonumber(ARGV[4])
+local shared = ARGV[5] == '1'
 
--- A stored window: a count, then window_end with 16 digits (every clock
--- reads between 10^15 and 2^52 µs: 2001 to 2112), then the tag.
-local WINDOW = '^([1-9]%d*)([1-4]' .. string.rep('%d', 15) .. ')3$'
-
-local count, window_end = 0, 0
+local count, window_end, len = 0, 0, window
 -- clamp: the clock went back, and the window must be cut to its length from
 -- now, even on a denial, so that the key is never locked out for longer.
 local clamp = false
 local raw, foreign = get_string('a fixed window')
 if foreign then return foreign end
 if raw then
-  local c, e = string.match(raw, WINDOW)
-  if not c then return not_ours('a string that is not a fixed window') end
-  count, window_end = tonumber(c), tonumber(e)
-  if window_end <= now or window_end > now + window then
+  local c, e, l = string.match(raw, WINDOW)
+  if not c then
+    c, e, l = string.match(raw, WINDOW_LEN)
+    if not c then return not_ours('a string that is not a fixed window') end
+  end
+  count, window_end, len = tonumber(c), tonumber(e), tonumber(l) or window
+  if window_end <= now or window_end > now + len then
     -- Off the hot path: a window that ended (only a WithClock clock sees
-    -- one), or that ends later than this configuration's window allows.
-    -- Our keys always carry a TTL; a value without one is someone else's.
+    -- one), or that ends later than its length from now. Our keys always
+    -- carry a TTL; a value without one is someone else's.
     local pttl = redis.call('PTTL', KEYS[1])
     if pttl < 0 then return not_ours('a value without a TTL') end
-    if window_end <= now then
-      count, window_end = 0, 0
-    elseif pttl <= ttl_ms(window) then
-      -- The server counts the window down to within this window's length:
-      -- the clock went back, not the configuration.
-      window_end, clamp = now + window, true
+    if window_end > now + len and pttl <= ttl_ms(len) then
+      -- The server counts the window down to within its length: the clock
+      -- went back. Else (a window of the short form, which only a longer
+      -- configuration could have left) it stands as it is.
+      window_end, clamp = now + len, true
     end
-    -- Else a configuration with a longer window wrote it: it stands as it
-    -- is, so that neither configuration gets a window it did not open.
   end
 end
+-- This configuration's view: the window lasts at least its own length.
+local start = window_end - len
+local view_end = math.max(window_end, start + window)
+if count > 0 and view_end <= now then count = 0 end
 
 local allowed, retry, write = false, 0, nil
 if n > limit then
@@ -56,25 +75,36 @@ if n > limit then
 elseif n == 0 then
   allowed = true
 elseif count == 0 then
-  allowed, count, window_end, write = true, n, now + window, 'PX'
+  allowed, count, start, len, write = true, n, now, window, 'PX'
+  window_end, view_end = now + window, now + window
 elseif count + n <= limit then
   allowed, count, write = true, count + n, 'KEEPTTL'
   if clamp then write = 'PX' end
+  if view_end > window_end then
+    -- Granting in a shorter configuration's window: stretch it to ours.
+    window_end, len, write = view_end, view_end - start, 'PX'
+  end
 else
-  retry = window_end - now
+  retry = view_end - now
 end
 
 local reset = 0
-if count > 0 then reset = window_end - now end
+if count > 0 then reset = view_end - now end
 if write or clamp then
-  local value = string.format('%d%016d3', count, window_end)
+  local value
+  if shared or len ~= window then
+    value = string.format('%d %016d %d 3', count, window_end, len)
+  else
+    value = string.format('%d%016d3', count, window_end)
+  end
+  local ttl = ttl_ms(window_end - now)
   if write == 'KEEPTTL' then
     redis.call('SET', KEYS[1], value, 'KEEPTTL')
   elseif write then
-    redis.call('SET', KEYS[1], value, 'PX', ttl_ms(reset))
+    redis.call('SET', KEYS[1], value, 'PX', ttl)
   else
     -- A denial or n == 0 needs no write: best effort (maxmemory, a replica).
-    redis.pcall('SET', KEYS[1], value, 'PX', ttl_ms(reset))
+    redis.pcall('SET', KEYS[1], value, 'PX', ttl)
   end
 end
 -- Remaining only changes when the window ends.

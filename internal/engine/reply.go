@@ -41,7 +41,7 @@ const maxDurationUS = int64(1<<63-1) / int64(time.Microsecond)
 func ParseReply(v any) (Reply, error) {
 	s, ok := v.(string)
 	if !ok {
-		return Reply{}, fmt.Errorf("redlimit: unexpected script reply %T, want a string", v)
+		return Reply{}, fmt.Errorf("unexpected script reply %T, want a string", v)
 	}
 	return parseReplyText(s)
 }
@@ -51,7 +51,7 @@ func parseReplyText(s string) (Reply, error) {
 	i := 0
 	for f := range fields {
 		if i >= len(s) {
-			return Reply{}, fmt.Errorf("redlimit: malformed script reply %q: %d fields, want %d", s, f, replyFields)
+			return Reply{}, fmt.Errorf("malformed script reply %q: %d fields, want %d", s, f, replyFields)
 		}
 		neg := s[i] == '-'
 		if neg {
@@ -61,14 +61,14 @@ func parseReplyText(s string) (Reply, error) {
 		var x int64
 		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
 			if x > (1<<62)/10 {
-				return Reply{}, fmt.Errorf("redlimit: malformed script reply %q: number out of range", s)
+				return Reply{}, fmt.Errorf("malformed script reply %q: number out of range", s)
 			}
 			x = x*10 + int64(s[i]-'0')
 			i++
 		}
 		if i == start || (s[start] == '0' && (i-start > 1 || neg)) {
 			// Scripts write integers canonically: no leading zero, no -0.
-			return Reply{}, fmt.Errorf("redlimit: malformed script reply %q: field %d is not a number", s, f+1)
+			return Reply{}, fmt.Errorf("malformed script reply %q: field %d is not a number", s, f+1)
 		}
 		if neg {
 			x = -x
@@ -76,13 +76,13 @@ func parseReplyText(s string) (Reply, error) {
 		fields[f] = x
 		if f < replyFields-1 {
 			if i >= len(s) || s[i] != ' ' {
-				return Reply{}, fmt.Errorf("redlimit: malformed script reply %q: %d fields, want %d", s, f+1, replyFields)
+				return Reply{}, fmt.Errorf("malformed script reply %q: %d fields, want %d", s, f+1, replyFields)
 			}
 			i++
 		}
 	}
 	if i != len(s) {
-		return Reply{}, fmt.Errorf("redlimit: malformed script reply %q: trailing data", s)
+		return Reply{}, fmt.Errorf("malformed script reply %q: trailing data", s)
 	}
 	allowed, remaining, retryUS, resetUS, strategy, stableUS := fields[0], fields[1], fields[2], fields[3], fields[4], fields[5]
 	switch {
@@ -92,7 +92,7 @@ func parseReplyText(s string) (Reply, error) {
 		resetUS < 0, resetUS > maxDurationUS,
 		strategy < 0 || strategy > 1<<16,
 		stableUS < -1, stableUS > maxDurationUS:
-		return Reply{}, fmt.Errorf("redlimit: script reply %q out of range", s)
+		return Reply{}, fmt.Errorf("script reply %q out of range", s)
 	}
 	r := Reply{
 		Allowed:    allowed == 1,
