@@ -128,7 +128,7 @@ func TestBreakerOnKilledRedis(t *testing.T) {
 				var ra interface{ RetryAfter() time.Duration }
 				require.True(t, errors.As(err, &ra))
 				require.Equal(t, time.Second, ra.RetryAfter(), "the fake clock stands still: the whole cooldown is left")
-				require.Less(t, took, 5*time.Millisecond, "an open breaker answers without a round trip")
+				require.Less(t, took, 50*time.Millisecond, "an open breaker answers without a round trip")
 			}
 
 			// The cooldown passes while Redis is still down: the probe fails
@@ -195,13 +195,16 @@ func TestBreakerOnStoppedRedis(t *testing.T) {
 				for i := range 3 {
 					took, err := callWithin(l, "k", 100*time.Millisecond)
 					require.ErrorIs(t, err, context.DeadlineExceeded, "call %d", i)
-					require.Less(t, took, 110*time.Millisecond, "call %d: within its deadline + 10ms", i)
+					// The outage table measures the margin (deadline + 10ms);
+					// under a loaded CI only the order of magnitude is
+					// asserted: far from ReadTimeout (5s) or dial retries.
+					require.Less(t, took, 350*time.Millisecond, "call %d: about its deadline", i)
 				}
 				require.Equal(t, BreakerOpen, h.State())
 				took, err := callWithin(l, "k", 100*time.Millisecond)
 				require.ErrorIs(t, err, ErrUnavailable)
 				require.ErrorIs(t, err, context.DeadlineExceeded)
-				require.Less(t, took, 5*time.Millisecond)
+				require.Less(t, took, 50*time.Millisecond, "an open breaker answers without a round trip")
 
 				fault.fix()
 				h.advance(time.Second)
@@ -385,7 +388,7 @@ func TestBreakerOneProbe(t *testing.T) {
 				require.Error(t, err)
 				if errors.Is(err, ErrUnavailable) {
 					fast.Add(1)
-					require.Less(t, took, 5*time.Millisecond)
+					require.Less(t, took, 50*time.Millisecond, "an open breaker answers without a round trip")
 				} else {
 					slow.Add(1)
 				}
