@@ -77,7 +77,7 @@ func run(addr string, demo bool) error {
 	if err != nil {
 		return err
 	}
-	api, err := newAPI(rdb, trusted)
+	api, err := newAPI(rdb, trusted, 50*time.Millisecond)
 	if err != nil {
 		return err
 	}
@@ -103,8 +103,10 @@ func run(addr string, demo bool) error {
 }
 
 // newAPI returns the API's handler: each route with its own limiter and
-// middleware.
-func newAPI(rdb redis.Scripter, trusted []netip.Prefix) (http.Handler, error) {
+// middleware. decide bounds each rate limit decision: a slow Redis costs a
+// request at most that much before it fails open.
+func newAPI(rdb redis.Scripter, trusted []netip.Prefix, decide time.Duration) (http.Handler, error) {
+	timeout := httplimit.WithTimeout(decide)
 	logErrors := httplimit.WithOnError(func(r *http.Request, err error) {
 		// When Redis fails, requests go on (fail open); someone should
 		// still know.
@@ -129,22 +131,24 @@ func newAPI(rdb redis.Scripter, trusted []netip.Prefix) (http.Handler, error) {
 	}
 
 	mux := http.NewServeMux()
-	mux.Handle("GET /hello", withTimeout(httplimit.Middleware(hello,
+	mux.Handle("GET /hello", httplimit.Middleware(hello,
 		httplimit.WithKeyFunc(httplimit.ClientIP(trusted...)),
 		httplimit.WithPolicyName("hello"),
 		httplimit.WithWindow(5*time.Second), // a full bucket refills in 5s
 		httplimit.WithLegacyHeaders(),
+		timeout,
 		logErrors,
 	)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "hello")
-	}))))
-	mux.Handle("POST /upload", withTimeout(httplimit.Middleware(uploads,
+	})))
+	mux.Handle("POST /upload", httplimit.Middleware(uploads,
 		httplimit.WithKeyFunc(httplimit.Header("X-API-Key")),
 		askForKey,
 		httplimit.WithCost(func(r *http.Request) int { return int(max(r.ContentLength, 0)) }),
 		httplimit.WithPolicyName("upload"),
 		httplimit.WithQuotaUnit("content-bytes"),
 		httplimit.WithWindow(time.Minute),
+		timeout,
 		logErrors,
 	)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n, err := io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, 1<<20))
@@ -153,18 +157,8 @@ func newAPI(rdb redis.Scripter, trusted []netip.Prefix) (http.Handler, error) {
 			return
 		}
 		fmt.Fprintf(w, "stored %d bytes\n", n)
-	}))))
+	})))
 	return mux, nil
-}
-
-// withTimeout bounds the whole request, the rate limit decision included, so
-// that a slow Redis costs at most this much before the request fails open.
-func withTimeout(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 50*time.Millisecond)
-		defer cancel()
-		h.ServeHTTP(w, r.WithContext(ctx))
-	})
 }
 
 func parsePrefixes(list string) ([]netip.Prefix, error) {
