@@ -232,7 +232,7 @@ func heapAlloc() uint64 {
 
 // The cache is bounded in bytes whatever the keys' length: an attacker who
 // picks the keys (10 KiB each, all different) cannot grow it past
-// size × (entryOverhead + keyAllowance). It used to keep size entries of any
+// size × maxEntryBytes (608). It used to keep size entries of any
 // length: 100,000 denials on 10 KiB keys held about 1 GiB.
 func TestDenyCacheMemoryBound(t *testing.T) {
 	const size = 20_000
@@ -244,7 +244,7 @@ func TestDenyCacheMemoryBound(t *testing.T) {
 		c.store(string(long), 1, denied(0, time.Minute, time.Minute, 0), t0, c.begin())
 	}
 	grown := int64(heapAlloc()) - int64(before)
-	bound := int64(size * (entryOverhead + keyAllowance))
+	bound := int64(size * maxEntryBytes)
 	t.Logf("%d denials on 10 KiB keys: heap +%.1f MiB, %d entries kept; bound %.1f MiB (unbounded: %.0f MiB of keys alone)",
 		size, float64(grown)/(1<<20), c.lru.Len(), float64(bound)/(1<<20), float64(size*len(long))/(1<<20))
 	require.LessOrEqual(t, grown, bound+bound/2, "heap growth within the byte bound (and some slack for the map)")
@@ -257,4 +257,21 @@ func TestDenyCacheMemoryBound(t *testing.T) {
 		c.store(fmt.Sprintf("203.0.113.%d:%d", i%256, i), 1, denied(0, time.Minute, time.Minute, 0), t0, c.begin())
 	}
 	require.Equal(t, size, c.lru.Len(), "short keys: size entries")
+}
+
+// A key cut from a larger string (a header) must not keep that string
+// alive: the cache stores a copy.
+func TestDenyCacheCopiesKeys(t *testing.T) {
+	const entries = 1000
+	c := newDenyCache(entries, 3)
+	before := heapAlloc()
+	for i := range entries {
+		header := make([]byte, 64<<10)
+		copy(header, fmt.Sprintf("%016d", i))
+		c.store(string(header)[:16], 1, denied(0, time.Minute, time.Minute, 0), t0, c.begin())
+	}
+	grown := int64(heapAlloc()) - int64(before)
+	require.Less(t, grown, int64(entries*maxEntryBytes), "1000 entries of 16-byte keys, not 1000 × 64 KiB")
+	require.Equal(t, entries, c.lru.Len())
+	runtime.KeepAlive(c)
 }
