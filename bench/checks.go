@@ -344,11 +344,13 @@ func (e *environment) denyCacheIdentity() ([]denyCacheResult, error) {
 			} else if r.FirstDifference == "" {
 				r.FirstDifference = fmt.Sprintf("step %d: uncached %+v, cached %+v", i, want, got)
 			}
-			if err := e.rdb.Persist(e.ctx, "redlimit:"+prefixOf(rc.algorithm)+plainKey).Err(); err != nil {
-				return nil, err
-			}
-			if err := e.rdb.Persist(e.ctx, "redlimit:"+prefixOf(rc.algorithm)+cachedKey).Err(); err != nil {
-				return nil, err
+			// Real Redis counts TTLs in real time while the fake clock runs
+			// its own: keep both keys alive (with a TTL: a key without one
+			// is foreign to redlimit).
+			for _, k := range []string{redisKey(plain, plainKey), redisKey(cached, cachedKey)} {
+				if err := e.rdb.PExpire(e.ctx, k, time.Hour).Err(); err != nil {
+					return nil, err
+				}
 			}
 			clock.advance(100 * time.Microsecond)
 		}
@@ -362,17 +364,7 @@ func (e *environment) denyCacheIdentity() ([]denyCacheResult, error) {
 	return out, nil
 }
 
-// prefixOf is the default key prefix of an algorithm, after "redlimit:".
-func prefixOf(algorithm string) string {
-	switch algorithm {
-	case "fixed_window":
-		return "fw:"
-	case "sliding_window":
-		return "sw:"
-	case "sliding_log":
-		return "sl:"
-	case "leaky_bucket":
-		return "lb:"
-	}
-	return "tb:"
+// redisKey is the Redis key that holds key's state in l.
+func redisKey(l redlimit.Limiter, key string) string {
+	return l.(interface{ RedisKey(string) string }).RedisKey(key)
 }

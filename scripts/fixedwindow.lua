@@ -28,8 +28,8 @@
 -- that grants in a window shorter than its own stretches it to its length:
 -- its grants then count against everyone for a whole window of its own.
 
-local WINDOW = '^([1-9]%d*)([1-4]' .. string.rep('%d', 15) .. ')3$'
-local WINDOW_LEN = '^([1-9]%d*) ([1-4]' .. string.rep('%d', 15) .. ') ([1-9]%d*) 3$'
+local WINDOW = '^([1-9]%d*)([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)3$'
+local WINDOW_LEN = '^([1-9]%d*) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) ([1-9]%d*) 3$'
 
 local now = now_us()
 local n = tonumber(ARGV[2])

@@ -15,7 +15,7 @@
 -- Reads the stored tat as whole µs and ticks of 1/den µs; nil if raw is not a tat.
 -- tat has 16 digits: every clock reads between 10^15 and 2^52 µs (2001 to
 -- 2112), and a bucket drains in at most 2^52 µs.
-local TAT = '^([1-9]' .. string.rep('%d', 15) .. ')'
+local TAT = '^([1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)'
 
 local function read_tat(raw, den, tag)
   local whole = string.match(raw, TAT .. tag .. '$')
