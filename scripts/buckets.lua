@@ -33,7 +33,7 @@
 -- (cursors that moved, dead buckets) is written with redis.pcall, best
 -- effort, so that a server refusing writes still decides.
 
-local BUDGET = 16
+local BUDGET = 12
 
 -- bucket -> {count, next}, read at most once per call. Keyed by -index:
 -- gopher-lua (miniredis) keeps positive integer keys in an array part filled
