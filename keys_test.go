@@ -148,8 +148,8 @@ func TestDefaultKeyFingerprint(t *testing.T) {
 // configurations in this release.
 var goldenPrefixes = map[string]string{
 	"fw": "redlimit:fw:7vja755g:",
-	"sw": "redlimit:sw:rkcv9rv6:",
-	"sl": "redlimit:sl:qara8lu1:",
+	"sw": "redlimit:sw:6pi5671p:",
+	"sl": "redlimit:sl:3hi8o42g:",
 	"lb": "redlimit:lb:cuo8ql0u:",
 	"tb": "redlimit:tb:k4sr3o95:",
 }

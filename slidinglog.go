@@ -21,7 +21,10 @@ var slidingLogScript = loadScript("common.lua", "buckets.lua", "slidinglog.lua")
 // *ViolationStrategyError naming it. Remaining is always the fewest permits
 // left over all strategies, and when allowed Limit is that strategy's limit.
 // ResetAfter is the longest over all strategies. A request for more permits
-// than the smallest limit is denied with RetryAfter == Never.
+// than the smallest limit is denied with RetryAfter == Never. Strategies of
+// other configurations sharing the key (WithPrefix) bind too, as for
+// SlidingWindow; a denial by one of them alone reports the strategy with
+// the fewest permits left.
 type SlidingLog struct {
 	limiter
 }
@@ -71,7 +74,7 @@ func NewSlidingLog(rdb redis.Scripter, precision time.Duration, strategies []Str
 	l, err := newLimiter(rdb, spec{
 		algorithm: algorithm,
 		code:      "sl",
-		format:    2,
+		format:    3,
 		script:    slidingLogScript,
 		args:      args,
 		limits:    limits,

@@ -18,6 +18,11 @@ var slidingWindowScript = loadScript("common.lua", "buckets.lua", "slidingwindow
 //
 // A denied request's RetryAfter is the time until enough old buckets leave
 // the window; ResetAfter the time until the newest leaves it.
+//
+// Sliding windows and logs of other configurations that share a key
+// (WithPrefix) are checked too, until their last grant has left their
+// window: while two share a key, both limits hold (README, "Changing limits
+// on live keys").
 type SlidingWindow struct {
 	limiter
 }
@@ -39,7 +44,7 @@ func NewSlidingWindow(rdb redis.Scripter, limit int, window, precision time.Dura
 	l, err := newLimiter(rdb, spec{
 		algorithm: algorithm,
 		code:      "sw",
-		format:    2,
+		format:    3,
 		script:    slidingWindowScript,
 		args:      []any{limit, size, precisionUS},
 		limits:    []int{limit},

@@ -64,8 +64,12 @@ func writeLog(e *environment, key string, indices []int64, cursor int64, total i
 	}
 	flush()
 	tail := indices[len(indices)-1]
-	// precision S size tail tail_count head keep all cursor total
-	meta := fmt.Sprintf("w %d 1 %d %d 1 %d %d %d %d %d", advPrecision.Microseconds(), size, tail, indices[0], size, total, cursor, total)
+	// P E, prec (0: P) size limit upto, tail tail_count head all, cursor
+	// total: the limiter's own strategy, its last grant at the tail. All
+	// indices but the tail are stored relative to it (upto as upto - tail
+	// - size).
+	meta := fmt.Sprintf("W %d 1 0 %d %d 0 %d 1 %d %d %d %d",
+		advPrecision.Microseconds(), size, int64(advLimit), tail, tail-indices[0], total, tail-cursor, total)
 	pipe.HSet(e.ctx, key, "m", meta)
 	pipe.PExpire(e.ctx, key, 3*advWindow)
 	_, err := pipe.Exec(e.ctx)

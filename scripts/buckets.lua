@@ -1,24 +1,39 @@
 -- buckets.lua: the bucket log shared by the sliding window and the sliding log.
+-- Joined after common.lua (it uses idiv, ceil_div, ttl_ms, reply, not_ours);
+-- slidingwindow.lua or slidinglog.lua follows and calls decide_log.
 --
 -- Time is cut into buckets of `precision` µs aligned to the Unix epoch:
 -- bucket index = floor(µs / precision). A strategy (limit, size) counts the
--- permits in the `size` buckets ending with now's bucket. Strategies come
--- sorted by size, ascending, with limits ascending.
+-- permits in the `size` buckets ending with now's bucket. A limiter's
+-- strategies come sorted by size, ascending, with limits ascending.
 --
 -- The key is a hash, with a TTL:
---   "m"        meta, space-separated: the algorithm's tag ("w" for the
---              sliding window, "l" for the sliding log), then integers:
---              precision S size_1..size_S tail tail_count head keep all
---              cursor_1 total_1 .. cursor_S total_S
+--   "m"        meta, space-separated: the algorithm's tag ("W" for the
+--              sliding window, "L" for the sliding log), then integers:
+--              P E (prec size limit upto)*E tail tail_count head all
+--              (cursor total)*E; indices relative to the tail (meta_string)
 --   "<index>"  a nonempty bucket: "<count>" for the newest (the tail),
 --              "<count> <index of the next nonempty bucket>" for the others.
--- The nonempty buckets form a queue, oldest (head) to newest (tail), holding
--- `all` permits. cursor_i is the oldest bucket inside strategy i's window
--- (-1: none) and total_i the permits in that window, so a call reads only
--- the buckets that leave a window, however many the window holds. Buckets
--- are kept for `keep` buckets, at least the longest window: longer when a
--- configuration with a longer window shares the key (DESIGN property 8), so
--- that its history is never dropped by another configuration's call.
+-- P is the key's grid: the bucket length of its log. The nonempty buckets
+-- form a queue, oldest (head) to newest (tail), holding `all` permits, and
+-- are kept for `keep` buckets.
+--
+-- The E entries are the strategies that bind at the key: the calling
+-- limiter's, and those of other configurations sharing the key (WithPrefix:
+-- a rolling deploy), until they lapse (DESIGN property 8). An entry's prec
+-- is its limiter's bucket length (0: the grid's), size its window in those
+-- buckets, upto the bucket (in those too) from which it no longer binds: its
+-- limiter's last grant plus its window, so that every window of it that
+-- holds one of its grants is checked on every later grant, whoever asks.
+-- On the grid, an entry counts its window in its own buckets when prec ==
+-- P, else in ceil(window / P) + 1 buckets of P, which cover it. cursor is
+-- the oldest bucket inside the entry's window (-1: none) and total the
+-- permits in that window, so a call reads only the buckets that leave a
+-- window, however many the window holds. keep is the longest window over
+-- the entries. At most MAX_OTHERS entries of other configurations are kept,
+-- those used last. The grid moves to the caller's precision when no other
+-- entry needs the old one. "w" and "l", the format before entries had
+-- limits, are read too: their strategies are dropped, their buckets kept.
 --
 -- Bounded work (DESIGN property 9): a call reads at most BUDGET buckets.
 -- When more would leave a window in one call, the cursor stops where the
@@ -34,6 +49,7 @@
 -- effort, so that a server refusing writes still decides.
 
 local BUDGET = 12
+local MAX_OTHERS = 4
 
 -- bucket -> {count, next}, read at most once per call. Keyed by -index:
 -- gopher-lua (miniredis) keeps positive integer keys in an array part filled
@@ -62,69 +78,100 @@ local function read_bucket(index)
   return count, next_index
 end
 
+-- An entry's window in buckets of the grid P: its own size on its own grid,
+-- else enough buckets of P to cover any window of it.
+local function eff_size(e, P)
+  if e.prec == P then return e.size end
+  return ceil_div(e.size * e.prec, P) + 1
+end
+
+-- The meta as a table, or nil when it is not this algorithm's. An entry
+-- of the older format has no limit (e.limit == nil).
 local function parse_meta(raw, tag)
-  local m = {}
-  local first = true
+  local m, version = {}, nil
   for field in string.gmatch(raw, '[^ ]+') do
-    if first then
-      if field ~= tag then return nil end
-      first = false
+    if not version then
+      if field == string.upper(tag) then
+        version = 3
+      elseif field == tag then
+        version = 2
+      else
+        return nil
+      end
     else
       if not string.match(field, '^%-?%d+$') then return nil end
       m[#m + 1] = tonumber(field)
     end
   end
-  local S = m[2]
-  if not S or S < 1 or #m ~= 7 + 3 * S or m[1] < 1 then return nil end
-  local state = {precision = m[1], sizes = {}, cursor = {}, total = {}}
-  for i = 1, S do state.sizes[i] = m[2 + i] end
-  state.tail, state.tail_count = m[3 + S], m[4 + S]
-  state.head, state.keep, state.all = m[5 + S], m[6 + S], m[7 + S]
-  if state.keep < state.sizes[S] or state.all < 0 then return nil end
-  for i = 1, S do
-    state.cursor[i], state.total[i] = m[6 + S + 2 * i], m[7 + S + 2 * i]
-    if state.total[i] < 0 then return nil end
+  local P, E = m[1], m[2]
+  if not E or E < 1 or P < 1 then return nil end
+  local state = {precision = P, entries = {}}
+  if version == 3 then
+    -- P E (prec size limit upto)*E tail tail_count head all (cursor total)*E,
+    -- indices relative to the tail (see meta_string).
+    if #m ~= 6 + 6 * E then return nil end
+    local tail = m[3 + 4 * E]
+    if tail < 0 then return nil end
+    state.tail, state.tail_count, state.head, state.all = tail, m[4 + 4 * E], tail - m[5 + 4 * E], m[6 + 4 * E]
+    state.keep = 1
+    for i = 1, E do
+      local k = 4 * i - 2
+      local e = {prec = m[k + 1], size = m[k + 2], limit = m[k + 3], upto = m[k + 4]}
+      if e.prec == 0 then
+        e.prec, e.upto = P, tail + e.size + e.upto
+      end
+      e.cursor, e.total = m[5 + 4 * E + 2 * i], m[6 + 4 * E + 2 * i]
+      if e.cursor ~= -1 then e.cursor = tail - e.cursor end
+      if e.prec < 1 or e.size < 1 or e.limit < 1 or e.total < 0 then return nil end
+      state.keep = math.max(state.keep, eff_size(e, P))
+      state.entries[i] = e
+    end
+  else
+    -- The previous format: P S size*S tail tail_count head keep all
+    -- (cursor total)*S, absolute indices; its strategies have no limit.
+    if #m ~= 7 + 3 * E then return nil end
+    local o = 2 + E
+    state.tail, state.tail_count, state.head = m[o + 1], m[o + 2], m[o + 3]
+    state.keep, state.all = m[o + 4], m[o + 5]
+    if state.tail < 0 or state.keep < 1 then return nil end
+    for i = 1, E do
+      if m[2 + i] < 1 then return nil end
+      state.entries[i] = {prec = P, size = m[2 + i]}
+    end
+  end
+  if state.all < 0 then return nil end
+  return state
+end
+
+-- An empty log on grid P holding entries, their windows empty.
+local function empty_log(P, entries)
+  local state = {precision = P, entries = entries, tail = -1, tail_count = 0, head = -1, keep = 1, all = 0}
+  for _, e in ipairs(entries) do
+    e.eff, e.cursor, e.total = eff_size(e, P), -1, 0
+    state.keep = math.max(state.keep, e.eff)
   end
   return state
 end
 
-local function same_config(state, precision, sizes)
-  if state.precision ~= precision or #state.sizes ~= #sizes then return false end
-  for i = 1, #sizes do
-    if state.sizes[i] ~= sizes[i] then return false end
-  end
-  return true
-end
-
-local function empty_state(precision, sizes)
-  local state = {precision = precision, sizes = sizes, cursor = {}, total = {}, tail = -1, tail_count = 0,
-    head = -1, keep = sizes[#sizes], all = 0}
-  for i = 1, #sizes do state.cursor[i], state.total[i] = -1, 0 end
-  return state
-end
-
--- Maps the log onto `precision` and `sizes` at bucket b: used when the
--- configuration changed on a live key, or the clock went back. Buckets map
--- to the new bucket holding their start; buckets after b (from the clock's
--- future) fold into b, so no permit is forgotten and none is counted for
--- longer than the longest window from now. Buckets are kept as long as the
--- old log kept them, if that is longer than the new longest window: a
--- configuration that shares the key never loses its history to this one.
--- Past the budget, the permits not walked (the old queue's total less those
--- walked) fold into the newest bucket: counted for longer, never forgotten.
--- Returns the new state and its buckets, oldest first, as {index, count};
--- nothing is written here.
-local function rebuild(old, b, precision, sizes)
-  local S = #sizes
-  local keep = math.max(sizes[S], ceil_div(old.keep * old.precision, precision))
-  local entries = {}
+-- Maps the log onto grid P at bucket b: used when the grid changes, or the
+-- clock went back. Buckets map to the new bucket holding their start;
+-- buckets after b (from the clock's future) fold into b, so no permit is
+-- forgotten and none is counted for longer than the longest window from
+-- now. Past the budget, the permits not walked (the old queue's total less
+-- those walked) fold into the newest bucket: counted for longer, never
+-- forgotten. Returns the new state and its buckets, oldest first, as
+-- {index, count}; nothing is written here.
+local function rebuild(old, b, P, entries)
+  local state = empty_log(P, entries)
+  local keep = state.keep
+  local list = {}
   local function add(moved, count)
     if moved <= b - keep then return end
-    local last = entries[#entries]
+    local last = list[#list]
     if last and last[1] == moved then
       last[2] = last[2] + count
     else
-      entries[#entries + 1] = {moved, count}
+      list[#list + 1] = {moved, count}
     end
   end
   local index, walked = old.head, 0
@@ -134,73 +181,83 @@ local function rebuild(old, b, precision, sizes)
       if not next_index then return nil end
       -- Out of budget: the rest, newer than every bucket walked.
       local rest = old.all - walked
-      if rest > 0 then add(math.min(idiv(old.tail * old.precision, precision), b), rest) end
+      if rest > 0 then add(math.min(idiv(old.tail * old.precision, P), b), rest) end
       break
     end
     walked = walked + count
-    add(math.min(idiv(index * old.precision, precision), b), count)
+    add(math.min(idiv(index * old.precision, P), b), count)
     index = next_index
   end
-  local state = empty_state(precision, sizes)
-  state.keep = keep
   -- Later reads in this call see the new log, not the old hash.
   log_cache = {}
-  for k, entry in ipairs(entries) do
-    local index, count = entry[1], entry[2]
+  for k, item in ipairs(list) do
+    local index, count = item[1], item[2]
     local next_index = -1
-    if entries[k + 1] then next_index = entries[k + 1][1] end
+    if list[k + 1] then next_index = list[k + 1][1] end
     log_cache[-index] = {count, next_index}
-    for i = 1, S do
-      if index > b - sizes[i] then
-        if state.cursor[i] == -1 then state.cursor[i] = index end
-        state.total[i] = state.total[i] + count
+    for _, e in ipairs(entries) do
+      if index > b - e.eff then
+        if e.cursor == -1 then e.cursor = index end
+        e.total = e.total + count
       end
     end
     if state.head == -1 then state.head = index end
     state.all = state.all + count
     state.tail, state.tail_count = index, count
   end
-  return state, entries
+  return state, list
 end
 
+-- The meta field. Bucket indices run to trillions (1ms buckets since
+-- 1970), so all but the tail are written relative to it: head and cursors
+-- as tail minus the index (-1 stays: no cursor), upto, for the entries on
+-- the grid, as upto - tail - size (0 when the entry's last grant is the
+-- tail). keep is not written: it is the longest window over the entries.
+-- The field stays under 64 bytes for usual configurations, which keeps the
+-- hash in Redis's compact listpack.
 local function meta_string(state, tag)
-  local m = {state.precision, #state.sizes}
-  for i = 1, #state.sizes do m[#m + 1] = state.sizes[i] end
-  m[#m + 1] = state.tail
+  local P, tail = state.precision, state.tail
+  local m = {P, #state.entries}
+  for _, e in ipairs(state.entries) do
+    m[#m + 1] = e.prec == P and 0 or e.prec
+    m[#m + 1] = e.size
+    m[#m + 1] = e.limit
+    m[#m + 1] = e.prec == P and e.upto - tail - e.size or e.upto
+  end
+  m[#m + 1] = tail
   m[#m + 1] = state.tail_count
-  m[#m + 1] = state.head
-  m[#m + 1] = state.keep
+  m[#m + 1] = tail - state.head
   m[#m + 1] = state.all
-  for i = 1, #state.sizes do
-    m[#m + 1] = state.cursor[i]
-    m[#m + 1] = state.total[i]
+  for _, e in ipairs(state.entries) do
+    m[#m + 1] = e.cursor == -1 and -1 or tail - e.cursor
+    m[#m + 1] = e.total
   end
   for i = 1, #m do m[i] = string.format('%d', m[i]) end
-  return tag .. ' ' .. table.concat(m, ' ')
+  return string.upper(tag) .. ' ' .. table.concat(m, ' ')
 end
 
--- When the whole of strategy i's window has emptied: the longest any
+-- When the whole of entry e's window has emptied: the longest any
 -- RetryAfter of it can be.
-local function window_clear(state, i, now)
-  return (state.tail + state.sizes[i]) * state.precision - now
+local function window_clear(state, e, now)
+  return (state.tail + e.eff) * state.precision - now
 end
 
--- How long until strategy i admits n more: walk its window from the oldest
+-- How long until entry e admits n more: walk its window from the oldest
 -- bucket until enough permits have left, within the budget; past it, the
 -- time the window empties. Nil for a malformed bucket.
-local function retry_after(state, i, n, limit, now, stale)
-  if stale then return window_clear(state, i, now) end
-  local excess = state.total[i] + n - limit
-  local index, left = state.cursor[i], 0
+local function retry_after(state, e, n, now, stale)
+  if stale then return window_clear(state, e, now) end
+  local excess = e.total + n - e.limit
+  local index, left = e.cursor, 0
   while index ~= -1 do
     local count, next_index = read_bucket(index)
     if not count then
-      if next_index then return window_clear(state, i, now) end
+      if next_index then return window_clear(state, e, now) end
       return nil
     end
     left = left + count
     if left >= excess then
-      return (index + state.sizes[i]) * state.precision - now
+      return (index + e.eff) * state.precision - now
     end
     index = next_index
   end
@@ -208,12 +265,15 @@ local function retry_after(state, i, n, limit, now, stale)
 end
 
 -- Decides a request of n permits at now against every strategy and returns
--- the script's reply. limits and sizes are in ascending order; tag names
--- the algorithm in the meta field.
+-- the script's reply. limits and sizes are the caller's strategies, in
+-- ascending order, on buckets of precision; tag names the algorithm in the
+-- meta field.
 local function decide_log(now, n, precision, limits, sizes, tag)
   local S = #sizes
-  local b = idiv(now, precision)
   local corrupt = 'a hash that is not a ' .. (tag == 'w' and 'sliding window' or 'sliding log')
+  local function mine(i)
+    return {prec = precision, size = sizes[i], limit = limits[i], upto = idiv(now, precision) + sizes[i]}
+  end
 
   local state
   local raw = redis.pcall('HGET', KEYS[1], 'm')
@@ -223,47 +283,109 @@ local function decide_log(now, n, precision, limits, sizes, tag)
     if not state then return not_ours(corrupt) end
   elseif redis.call('EXISTS', KEYS[1]) == 1 then
     return not_ours(corrupt)
+  end
+
+  -- own[i]: the entry of the caller's strategy i; others: the entries of
+  -- other configurations that still bind. reshaped: the entries changed.
+  local own, others, reshaped = {}, {}, false
+  if state then
+    for _, e in ipairs(state.entries) do
+      local found = false
+      if e.limit and e.prec == precision then
+        for i = 1, S do
+          if not own[i] and e.size == sizes[i] and e.limit == limits[i] then
+            own[i], found = e, true
+            break
+          end
+        end
+      end
+      if not found then
+        if e.limit and idiv(now, e.prec) < e.upto then
+          others[#others + 1] = e
+        else
+          reshaped = true
+        end
+      end
+    end
+    if #others > MAX_OTHERS then
+      table.sort(others, function(x, y) return x.upto * x.prec > y.upto * y.prec end)
+      for k = #others, MAX_OTHERS + 1, -1 do others[k] = nil end
+      reshaped = true
+    end
+    for i = 1, S do
+      if not own[i] then
+        -- Counts every kept permit until its cursor walks on: more, never
+        -- fewer, than its window holds.
+        own[i], reshaped = mine(i), true
+        own[i].cursor, own[i].total = state.head, state.all
+      end
+    end
   else
-    state = empty_state(precision, sizes)
+    for i = 1, S do own[i] = mine(i) end
+  end
+  -- All dead: every bucket left the window the log keeps, counted in the
+  -- stored grid; what bound there has lapsed.
+  local all_dead = state and state.tail <= idiv(now, state.precision) - state.keep
+  if all_dead then others = {} end
+  local entries = {}
+  for i = 1, S do entries[i] = own[i] end
+  for _, e in ipairs(others) do entries[#entries + 1] = e end
+
+  -- The grid stays while another entry counts on it; else it is the caller's.
+  local P = precision
+  for _, e in ipairs(others) do
+    if e.prec ~= precision then P = state.precision end
   end
 
   -- changed: the hash must be written; tail_moved: its TTL too. While the
   -- newest bucket stays the same, so does the time the log empties, and the
-  -- TTL set when that bucket began still covers it. entries: a rebuilt log
+  -- TTL set when that bucket began still covers it. list: a rebuilt log
   -- that replaces the hash.
-  local changed, tail_moved, entries = false, false, nil
+  local changed, tail_moved, list = reshaped, false, nil
   local dead, stale = {}, {}
-  -- All dead: every bucket left the window the log keeps, counted in the
-  -- stored precision.
-  local all_dead = raw and state.tail <= idiv(now, state.precision) - state.keep
-  if raw and (all_dead or not same_config(state, precision, sizes) or state.tail > b) then
+  local b = idiv(now, P)
+  if state and (all_dead or reshaped or P ~= state.precision or state.tail > b) then
     -- Off the hot path. Our keys always carry a TTL: a hash without one
     -- is someone else's, and is neither rebuilt nor deleted.
     if redis.call('PTTL', KEYS[1]) < 0 then return not_ours(corrupt) end
   end
-  if all_dead then
+  if not state then
+    state = empty_log(P, entries)
+  elseif all_dead then
     -- An empty log, whatever it held.
-    state, changed, entries = empty_state(precision, sizes), true, {}
-  elseif not same_config(state, precision, sizes) or state.tail > b then
-    state, entries = rebuild(state, b, precision, sizes)
+    for i = 1, S do
+      own[i] = mine(i)
+      entries[i] = own[i]
+    end
+    state, changed, list = empty_log(P, entries), true, {}
+  elseif P ~= state.precision or state.tail > b then
+    state, list = rebuild(state, b, P, entries)
     if not state then return not_ours(corrupt) end
     changed, tail_moved = true, true
   else
-    for i = 1, S do
-      local last_out = b - sizes[i]
+    local keep = 1
+    for _, e in ipairs(entries) do
+      e.eff = eff_size(e, P)
+      keep = math.max(keep, e.eff)
+    end
+    state.entries = entries
+    if keep ~= state.keep then state.keep, changed, tail_moved = keep, true, true end
+    for k, e in ipairs(entries) do
+      local last_out = b - e.eff
       if state.tail ~= -1 and state.tail <= last_out then
         -- The whole window left: no walk.
-        state.cursor[i], state.total[i], changed = -1, 0, true
+        if e.cursor ~= -1 or e.total ~= 0 then changed = true end
+        e.cursor, e.total = -1, 0
       end
-      while state.cursor[i] ~= -1 and state.cursor[i] <= last_out do
-        local count, next_index = read_bucket(state.cursor[i])
+      while e.cursor ~= -1 and e.cursor <= last_out do
+        local count, next_index = read_bucket(e.cursor)
         if not count then
           if not next_index then return not_ours(corrupt) end
-          stale[i] = true
+          stale[k] = true
           break
         end
-        state.total[i] = state.total[i] - count
-        state.cursor[i] = next_index
+        e.total = e.total - count
+        e.cursor = next_index
         changed = true
       end
     end
@@ -281,18 +403,32 @@ local function decide_log(now, n, precision, limits, sizes, tag)
     end
   end
 
-  local allowed, retry, reported = true, 0, 1
+  -- The caller's strategy that is reported, and when denied the longest
+  -- wait over every entry that denies. Another configuration's entry binds
+  -- until it lapses (upto), which bounds its wait.
+  local allowed, retry, reported, own_wait = true, 0, 1, -1
   if n > limits[1] then
     allowed, retry = false, -1
   elseif n > 0 then
     -- n == 0 only reports: allowed even when a lowered limit left the
     -- count above it.
-    for i = 1, S do
-      if state.total[i] + n > limits[i] then
-        local wait = retry_after(state, i, n, limits[i], now, stale[i])
-        if not wait then return not_ours(corrupt) end
-        if allowed or wait > retry then reported, retry = i, wait end
+    for k, e in ipairs(entries) do
+      if e.total + n > e.limit then
+        local wait
+        if k > S then
+          wait = e.upto * e.prec - now
+          if n <= e.limit then
+            local w = retry_after(state, e, n, now, stale[k])
+            if not w then return not_ours(corrupt) end
+            wait = math.min(wait, w)
+          end
+        else
+          wait = retry_after(state, e, n, now, stale[k])
+          if not wait then return not_ours(corrupt) end
+          if wait > own_wait then reported, own_wait = k, wait end
+        end
         allowed = false
+        retry = math.max(retry, wait)
       end
     end
   end
@@ -308,69 +444,80 @@ local function decide_log(now, n, precision, limits, sizes, tag)
       end
       state.tail, state.tail_count, tail_moved = b, n, true
       if state.head == -1 then state.head = b end
-      for i = 1, S do
-        if state.cursor[i] == -1 then state.cursor[i] = b end
+      for _, e in ipairs(entries) do
+        if e.cursor == -1 then e.cursor = b end
       end
     end
     state.all = state.all + n
     writes[#writes + 1] = string.format('%d', b)
     writes[#writes + 1] = string.format('%d', state.tail_count)
-    for i = 1, S do state.total[i] = state.total[i] + n end
+    for _, e in ipairs(entries) do e.total = e.total + n end
+    for i = 1, S do own[i].upto = idiv(now, precision) + sizes[i] end
     changed = true
   end
 
-  local remaining = limits[1] - state.total[1]
-  if allowed then reported = 1 end
+  -- Remaining: the fewest permits left over every entry. Reported when
+  -- allowed, or denied by other configurations' entries alone: the
+  -- caller's strategy with the fewest left, the first of equals.
+  local best, fewest = 1, limits[1] - own[1].total
   for i = 2, S do
-    local left = limits[i] - state.total[i]
-    if left < remaining then
-      remaining = left
-      if allowed then reported = i end
-    end
+    local left = limits[i] - own[i].total
+    if left < fewest then best, fewest = i, left end
   end
+  local remaining = fewest
+  for k = S + 1, #entries do
+    remaining = math.min(remaining, entries[k].limit - entries[k].total)
+  end
+  if allowed or (retry ~= -1 and own_wait == -1) then reported = best end
 
-  local reset, expire = 0, 0
+  local reset, expire, stable = 0, 0, -1
   if state.tail ~= -1 then
-    -- The tail may have left this configuration's windows and still be
-    -- kept for a longer one's.
-    reset = math.max(0, (state.tail + sizes[S]) * precision - now)
-    expire = (state.tail + state.keep) * precision - now
-  end
-  -- Remaining changes when the oldest bucket of a window leaves it; at
-  -- once for a stale window (its cursor is behind).
-  local stable = -1
-  for i = 1, S do
-    if state.cursor[i] ~= -1 then
-      local leaves = (state.cursor[i] + sizes[i]) * precision - now
-      if stale[i] then leaves = 0 end
-      if stable == -1 or leaves < stable then stable = math.max(0, leaves) end
+    -- The tail may have left the caller's windows and still be kept for
+    -- a longer one's.
+    for k, e in ipairs(entries) do
+      local clear = (state.tail + e.eff) * P
+      if k > S then clear = math.min(clear, e.upto * e.prec) end
+      reset = math.max(reset, clear - now)
     end
+    expire = (state.tail + state.keep) * P - now
+  end
+  -- Remaining changes when the oldest bucket of a window leaves it (at
+  -- once for a stale window: its cursor is behind), or another
+  -- configuration's entry lapses.
+  for k, e in ipairs(entries) do
+    local leaves = -1
+    if e.cursor ~= -1 then
+      leaves = (e.cursor + e.eff) * P - now
+      if stale[k] then leaves = 0 end
+    end
+    if k > S and (leaves == -1 or e.upto * e.prec - now < leaves) then leaves = e.upto * e.prec - now end
+    if leaves ~= -1 and (stable == -1 or leaves < stable) then stable = math.max(0, leaves) end
   end
 
   if changed then
     -- A grant must be written; anything else is best effort.
     local call = redis.pcall
     if allowed and n > 0 then call = redis.call end
-    if entries then
+    if list then
       -- UNLINK frees a large hash off the main thread; the permits it held
-      -- that still count are in entries.
+      -- that still count are in list.
       local ok = call('UNLINK', KEYS[1])
       if type(ok) == 'table' and ok.err then return reply(allowed, remaining, retry, reset, reported - 1, 0) end
-      for k, entry in ipairs(entries) do
-        if k < #entries or entry[1] ~= state.tail then
+      for k, item in ipairs(list) do
+        if k < #list or item[1] ~= state.tail then
           local next_index = b
-          if entries[k + 1] then next_index = entries[k + 1][1] end
-          writes[#writes + 1] = string.format('%d', entry[1])
-          writes[#writes + 1] = string.format('%d %d', entry[2], next_index)
+          if list[k + 1] then next_index = list[k + 1][1] end
+          writes[#writes + 1] = string.format('%d', item[1])
+          writes[#writes + 1] = string.format('%d %d', item[2], next_index)
         elseif not (allowed and n > 0) then
-          writes[#writes + 1] = string.format('%d', entry[1])
-          writes[#writes + 1] = string.format('%d', entry[2])
+          writes[#writes + 1] = string.format('%d', item[1])
+          writes[#writes + 1] = string.format('%d', item[2])
         end
       end
       tail_moved = true
     end
     if state.tail == -1 then
-      if not entries then call('UNLINK', KEYS[1]) end
+      if not list then call('UNLINK', KEYS[1]) end
     else
       if #dead > 0 then call('HDEL', KEYS[1], unpack(dead)) end
       call('HSET', KEYS[1], 'm', meta_string(state, tag), unpack(writes))
