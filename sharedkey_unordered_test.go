@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redlimit/redlimit/internal/model"
 	"github.com/stretchr/testify/require"
 )
 
@@ -328,4 +329,44 @@ func TestSlidingReadsPreviousFormat(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A sliding log of many strategies keeps a meta field of more numbers than
+// one Lua pattern can capture (32), which the script parses field by field:
+// the decisions stay the reference model's.
+func TestSlidingLogManyStrategies(t *testing.T) {
+	precision := time.Second
+	var strategies []Strategy
+	var limits, windows []int64
+	for i := range 7 {
+		s := Strategy{Limit: 3 + 4*i, Window: time.Duration(2+3*i) * precision}
+		strategies = append(strategies, s)
+		limits, windows = append(limits, int64(s.Limit)), append(windows, s.Window.Microseconds())
+	}
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		clock := &fakeClock{now: epoch}
+		l, err := NewSlidingLog(b.rdb, precision, strategies, WithClock(clock.Now))
+		require.NoError(t, err)
+		m := model.NewSlidingLog(precision.Microseconds(), limits, windows)
+		rng := rand.New(rand.NewPCG(7, 7))
+		for i := range 300 {
+			n := rng.IntN(4)
+			got, err := l.AllowN(ctx, "k", n)
+			require.NoError(t, err, "call %d", i)
+			r := m.Step(clock.now.UnixMicro(), int64(n))
+			want := Result{
+				Allowed:    r.Allowed,
+				Limit:      int(r.Limit),
+				Remaining:  int(r.Remaining),
+				RetryAfter: time.Duration(r.RetryAfterUS) * time.Microsecond,
+				ResetAfter: time.Duration(r.ResetAfterUS) * time.Microsecond,
+			}
+			if r.RetryAfterUS == model.Never {
+				want.RetryAfter = Never
+			}
+			require.Equal(t, want, got, "call %d, n %d", i, n)
+			clock.Advance(time.Duration(rng.Int64N(int64(1500 * time.Millisecond))))
+		}
+	})
 }

@@ -88,21 +88,34 @@ end
 -- The meta as a table, or nil when it is not this algorithm's. An entry
 -- of the older format has no limit (e.limit == nil).
 local function parse_meta(raw, tag)
-  local m, version = {}, nil
-  for field in string.gmatch(raw, '[^ ]+') do
-    if not version then
-      if field == string.upper(tag) then
-        version = 3
-      elseif field == tag then
-        version = 2
-      else
-        return nil
-      end
-    else
+  local version
+  local first = string.sub(raw, 1, 1)
+  if first == string.upper(tag) then
+    version = 3
+  elseif first == tag then
+    version = 2
+  else
+    return nil
+  end
+  local E = string.match(raw, '^. %d+ (%d+) ')
+  if not E then return nil end
+  E = E + 0
+  local n = version == 3 and 6 + 6 * E or 7 + 3 * E
+  local m
+  if n <= 32 then
+    -- One match for the whole field (Lua allows 32 captures): far cheaper
+    -- than a match per field.
+    m = {string.match(raw, '^.' .. string.rep(' (%-?%d+)', n) .. '$')}
+  else
+    m = {}
+    for field in string.gmatch(string.sub(raw, 2), '[^ ]+') do
       if not string.match(field, '^%-?%d+$') then return nil end
-      m[#m + 1] = tonumber(field)
+      m[#m + 1] = field
     end
   end
+  if #m ~= n or string.find(raw, '  ', 1, true) or string.sub(raw, -1) == ' ' then return nil end
+  -- Digits, checked: arithmetic converts them, cheaper than tonumber.
+  for i = 1, n do m[i] = m[i] + 0 end
   local P, E = m[1], m[2]
   if not E or E < 1 or P < 1 then return nil end
   local state = {precision = P, entries = {}}
@@ -232,8 +245,8 @@ local function meta_string(state, tag)
     m[#m + 1] = e.cursor == -1 and -1 or tail - e.cursor
     m[#m + 1] = e.total
   end
-  for i = 1, #m do m[i] = string.format('%d', m[i]) end
-  return string.upper(tag) .. ' ' .. table.concat(m, ' ')
+  -- One format call for the whole field: far cheaper than one a number.
+  return string.format(string.upper(tag) .. string.rep(' %d', #m), unpack(m))
 end
 
 -- When the whole of entry e's window has emptied: the longest any
