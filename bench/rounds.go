@@ -51,8 +51,8 @@ func (e *environment) buildRows() ([]*row, error) {
 		nkeys   int
 		entries []entry
 	}{
-		{"allow", e.rdb, 1000, with(allowLimit, ceilings, redlimitContenders(""), peers)},
-		{"hot", e.rdb, 1, append(with(hotLimit, ceilings, redlimitContenders(""), peers), with(cached, redlimitContenders(" +deny cache"))...)},
+		{"allow", e.rdb, 1000, with(allowLimit, ceilings, redlimitContenders(""), peers, floorContenders("allow"))},
+		{"hot", e.rdb, 1, append(with(hotLimit, ceilings, redlimitContenders(""), peers, floorContenders("hot")), with(cached, redlimitContenders(" +deny cache"))...)},
 		{"autopipeline", e.ap, 1000, with(allowLimit, ceilings, redlimitContenders(""), peers)},
 	}
 	var rows []*row
