@@ -31,7 +31,10 @@
 local WINDOW_LEN = '^([1-9]%d*) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) ([1-9]%d*) 3$'
 
 local now = now_us()
-local n = ARGV[2] + 0
+-- n is 1 on most calls: comparing ARGV[2] with '1' (interned strings, one
+-- pointer comparison) spares converting it.
+local n = 1
+if ARGV[2] ~= '1' then n = ARGV[2] + 0 end
 local limit = ARGV[3] + 0
 local window = ARGV[4] + 0
 local shared = ARGV[5] == '1'
@@ -42,7 +45,10 @@ local count, window_end, len = 0, 0, window
 local clamp = false
 local raw = redis.pcall('GET', KEYS[1])
 if raw then
-  if type(raw) == 'table' then return not_ours('another type than a fixed window') end
+  -- A string, or a table with err when the key holds another type: a
+  -- string indexed by err is nil (strings index the string library),
+  -- which spares calling type().
+  if raw.err then return not_ours('another type than a fixed window') end
   -- The short form without a pattern that backtracks: all digits, the tag
   -- last, the end the 16 digits before it, the count the rest.
   local size = #raw

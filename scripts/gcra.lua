@@ -25,15 +25,21 @@
 -- ARGV[4] per       period (µs), reduced with count
 -- ARGV[5] count     permits leaked (refilled) per period
 
--- The form with a fraction. The tag is captured, not written into the
--- pattern, so that the pattern is a constant: building one costs a string.
+-- The two forms. The patterns match in one pass (no repetition but the
+-- fraction's, which stops at a fixed character), and the tag is captured,
+-- not written into them, so that they are constants: building a pattern
+-- per call costs a string.
+local TAT = '^([1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)([12])$'
 local TAT_FRACTION = '^([1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)([12])%+([1-9]%d*)/([1-9]%d*)$'
 
 -- Decides on the bucket whose state carries tag ('1' or '2'); what names it
 -- in errors. Returns the script's reply.
 local function decide_gcra(tag, what)
   local now = now_us()
-  local n = ARGV[2] + 0
+  -- n is 1 on most calls: comparing ARGV[2] with '1' (interned strings, one
+  -- pointer comparison) spares converting it.
+  local n = 1
+  if ARGV[2] ~= '1' then n = ARGV[2] + 0 end
   local capacity = ARGV[3] + 0
   local per = ARGV[4] + 0
   local count = ARGV[5] + 0
@@ -44,25 +50,18 @@ local function decide_gcra(tag, what)
   local level, clamped = 0, false
   local raw = redis.pcall('GET', KEYS[1])
   if raw then
-    if type(raw) == 'table' then return not_ours('another type than ' .. what) end
-    local us, num = nil, 0
-    if #raw == 17 and string.sub(raw, 17) == tag then
-      -- The whole-µs form, read without a pattern (one costs more than the
-      -- rest of the decision): 16 characters that read as a number in
-      -- [10^15, 10^16), and the tag. tonumber reads more than digits (an
-      -- exponent, hex), but the whole value then reads nowhere near ten
-      -- times the first 16 characters (an exponent moves it by a power of
-      -- ten of at least 10^10, hex by a factor of 1.6), while 16 digits and
-      -- the tag read as 10 * us + tag, to a double's rounding.
-      us = tonumber(string.sub(raw, 1, 16))
-      local whole = tonumber(raw)
-      if not (us and whole and us >= 1e15 and us < 1e16 and whole > us * 9.9 and whole < us * 10.1) then
-        return not_ours('a value that is not ' .. what)
-      end
+    -- A string, or a table with err when the key holds another type: a
+    -- string indexed by err is nil (strings index the string library),
+    -- which spares calling type().
+    if raw.err then return not_ours('another type than ' .. what) end
+    local us, raw_tag = string.match(raw, TAT)
+    local num = 0
+    if us then
+      us = us + 0
     else
-      local raw_tag, num_text, den_text
+      local num_text, den_text
       us, raw_tag, num_text, den_text = string.match(raw, TAT_FRACTION)
-      if not us or raw_tag ~= tag then return not_ours('a value that is not ' .. what) end
+      if not us then return not_ours('a value that is not ' .. what) end
       local old_den
       us, num, old_den = us + 0, num_text + 0, den_text + 0
       if num >= old_den then return not_ours('a value that is not ' .. what) end
@@ -72,6 +71,7 @@ local function decide_gcra(tag, what)
         if num == count then us, num = us + 1, 0 end
       end
     end
+    if raw_tag ~= tag then return not_ours('a value that is not ' .. what) end
     level = (us - now) * count + num
     if us < now or level > full then
       -- Off the hot path: a bucket that drained (only a WithClock clock
