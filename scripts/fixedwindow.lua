@@ -1,6 +1,8 @@
 -- fixedwindow.lua: at most `limit` permits per window; a window opens at the
 -- first request that finds none open and lasts `window` µs: [start, start + window).
 --
+-- Joined after common.lua, whose now_us, ttl_ms, reply and not_ours it uses.
+--
 -- ARGV[1] now (µs, or "" for server TIME)
 -- ARGV[2] n        permits asked for (>= 0)
 -- ARGV[3] limit    permits per window
@@ -28,6 +30,8 @@
 -- that grants in a window shorter than its own stretches it to its length:
 -- its grants then count against everyone for a whole window of its own.
 
+-- The form with the window's length: each repetition stops at a space, so
+-- it matches in one pass. The short form is read without a pattern, below.
 local WINDOW_LEN = '^([1-9]%d*) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) ([1-9]%d*) 3$'
 
 local now = now_us()
