@@ -15,7 +15,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -102,7 +101,7 @@ func run(f flags) error {
 	admin := redis.NewClient(&redis.Options{Addr: addr})
 	defer admin.Close()
 	if err := admin.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("Redis at %s: %w", addr, err)
+		return fmt.Errorf("no redis-server at %s: %w", addr, err)
 	}
 	if owned {
 		if err := admin.FlushAll(ctx).Err(); err != nil {
@@ -157,6 +156,7 @@ func run(f flags) error {
 	if rep.Adversarial, err = env.adversarial(); err != nil {
 		return fmt.Errorf("adversarial: %w", err)
 	}
+	rep.Floors = floors(rep.Rows)
 	rep.Targets = targets(rep)
 	md := rep.markdown()
 	fmt.Print(md)
@@ -213,5 +213,3 @@ var start = time.Now()
 func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 }
-
-var errUnsupported = errors.New("unsupported")

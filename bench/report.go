@@ -22,7 +22,83 @@ type report struct {
 	DenyCache []denyCacheResult `json:"deny_cache"`
 	// Adversarial is a sliding-window call on states an attacker can build.
 	Adversarial []adversarialResult `json:"adversarial"`
-	Targets     []targetResult      `json:"targets"`
+	// Floors compare each algorithm's script µs with its floor's (floors.go)
+	// and with go-redis/redis_rate's, in the same run (issue 11).
+	Floors  []floorResult  `json:"floors"`
+	Targets []targetResult `json:"targets"`
+}
+
+// floorResult is one algorithm under one workload next to its floor and
+// to redis_rate.
+type floorResult struct {
+	Workload      string  `json:"workload"`
+	Algorithm     string  `json:"algorithm"`
+	ScriptUS      float64 `json:"script_us"`
+	FloorUS       float64 `json:"floor_us"`
+	RedisRateUS   float64 `json:"redis_rate_us"`
+	VsFloor       float64 `json:"script_vs_floor"`
+	VsRedisRate   float64 `json:"script_vs_redis_rate"`
+	FloorVsRate   float64 `json:"floor_vs_redis_rate"`
+	Want          float64 `json:"want_vs_redis_rate"` // issue 11's target, script µs ÷ redis_rate
+	ScriptCmds    float64 `json:"script_cmds_per_decision"`
+	FloorCmds     float64 `json:"floor_cmds_per_decision"`
+	RedisRateCmds float64 `json:"redis_rate_cmds_per_decision"`
+}
+
+// issue11Want is issue 11's target per algorithm: script µs per decision
+// ÷ go-redis/redis_rate's, allow and hot workloads.
+var issue11Want = map[string]float64{
+	"fixed_window":   0.8,
+	"leaky_bucket":   0.9,
+	"token_bucket":   0.9,
+	"sliding_window": 1.0,
+	"sliding_log":    1.2,
+}
+
+func floors(rows []rowResult) []floorResult {
+	find := func(workload, name string) *rowResult {
+		for i := range rows {
+			if rows[i].Workload == workload && rows[i].Name == name {
+				return &rows[i]
+			}
+		}
+		return nil
+	}
+	var out []floorResult
+	for _, workload := range []string{"allow", "hot"} {
+		rate := find(workload, peers[0].name)
+		for _, rc := range redlimitConstructors {
+			script, floor := find(workload, "redlimit "+rc.algorithm), find(workload, "floor "+rc.algorithm)
+			if script == nil || floor == nil || rate == nil || floor.ScriptUSMedian == 0 || rate.ScriptUSMedian == 0 {
+				continue
+			}
+			// Medians over rounds: a row's total is at the mercy of one
+			// round that a busy machine slowed down.
+			out = append(out, floorResult{
+				Workload: workload, Algorithm: rc.algorithm,
+				ScriptUS: script.ScriptUSMedian, FloorUS: floor.ScriptUSMedian, RedisRateUS: rate.ScriptUSMedian,
+				VsFloor:     script.ScriptUSMedian / floor.ScriptUSMedian,
+				VsRedisRate: script.ScriptUSMedian / rate.ScriptUSMedian,
+				FloorVsRate: floor.ScriptUSMedian / rate.ScriptUSMedian,
+				Want:        issue11Want[rc.algorithm],
+				ScriptCmds:  script.CommandsPerDecision, FloorCmds: floor.CommandsPerDecision, RedisRateCmds: rate.CommandsPerDecision,
+			})
+		}
+	}
+	return out
+}
+
+func floorsMarkdown(fs []floorResult) string {
+	if len(fs) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("\n| Redis script µs per decision, median over rounds (issue 11) | workload | script µs | floor µs | script − floor | script ÷ floor | redis_rate µs | script ÷ redis_rate | floor ÷ redis_rate | want ÷ redis_rate | cmds/dec script / floor / redis_rate |\n|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
+	for _, f := range fs {
+		fmt.Fprintf(&b, "| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | <= %.1f | %.2f / %.2f / %.2f |\n",
+			f.Algorithm, f.Workload, f.ScriptUS, f.FloorUS, f.ScriptUS-f.FloorUS, f.VsFloor, f.RedisRateUS, f.VsRedisRate, f.FloorVsRate, f.Want, f.ScriptCmds, f.FloorCmds, f.RedisRateCmds)
+	}
+	return b.String()
 }
 
 type machineInfo struct {
@@ -69,6 +145,7 @@ type rowResult struct {
 	CommandsPerDecision   float64   `json:"redis_commands_per_decision"` // every command the server ran, in scripts too
 	RoundTripsPerDecision float64   `json:"round_trips_per_decision"`
 	ScriptUSPerDecision   float64   `json:"script_us_per_decision"`
+	ScriptUSMedian        float64   `json:"script_us_per_decision_median"` // median over rounds: the floors table uses it
 	ScriptVsReturnOne     float64   `json:"script_us_vs_return1"`
 	AllocsPerOp           float64   `json:"allocs_per_op"`
 	BytesPerOp            float64   `json:"bytes_per_op"`
@@ -90,7 +167,7 @@ func summarize(rows []*row) []rowResult {
 		res := rowResult{
 			Workload: r.workload, Name: r.c.name, Kind: r.c.kind, Algorithm: r.c.algorithm,
 			P50US: median(r.p50), P99US: median(r.p99), DecisionsPerSec: median(r.perSecond),
-			AllocsPerOp: median(r.allocs), BytesPerOp: median(r.bytes),
+			AllocsPerOp: median(r.allocs), BytesPerOp: median(r.bytes), ScriptUSMedian: median(r.scriptUS),
 			Decisions: r.decisions, Errors: r.errs, PerSecondRounds: r.perSecond,
 		}
 		if r.decisions > 0 {
@@ -192,6 +269,13 @@ func targets(rep report) []targetResult {
 		out = append(out, targetResult{Target: "worst adversarial state: script µs per call ÷ normal call", Subject: "sliding_window", Measured: worst.VsNormal, Want: "<= 3", Pass: worst.VsNormal <= 3,
 			Note: fmt.Sprintf("%s: %.1f µs, normal %.1f µs", worst.State, worst.ScriptUS, rep.Adversarial[0].ScriptUS)})
 	}
+	for _, f := range rep.Floors {
+		note := fmt.Sprintf("%.2f µs vs redis_rate %.2f µs; floor %.2f µs = %.2f× redis_rate", f.ScriptUS, f.RedisRateUS, f.FloorUS, f.FloorVsRate)
+		if f.FloorVsRate > f.Want {
+			note += ": the floor alone misses"
+		}
+		out = append(out, targetResult{Target: "script µs ÷ redis_rate (issue 11), " + f.Workload, Subject: f.Algorithm, Measured: f.VsRedisRate, Want: fmt.Sprintf("<= %.1f", f.Want), Pass: f.VsRedisRate <= f.Want, Note: note})
+	}
 	for _, d := range rep.DenyCache {
 		r := find("hot", "redlimit "+d.Algorithm+" +deny cache")
 		if r == nil {
@@ -243,6 +327,7 @@ func (rep report) markdown() string {
 		p("| %s | %d | %d | %d | %d | %.4f |\n", d.Algorithm, d.Decisions, d.Allowed, d.SameAllowed, d.SameResult, d.CallsPerDecision)
 	}
 	b.WriteString(adversarialMarkdown(rep.Adversarial))
+	b.WriteString(floorsMarkdown(rep.Floors))
 	p("\n| target | subject | measured | want | result | note |\n|---|---|--:|---|---|---|\n")
 	for _, t := range rep.Targets {
 		res := "PASS"

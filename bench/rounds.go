@@ -15,6 +15,7 @@ type row struct {
 	keys     []string
 
 	p50, p99, perSecond, allocs, bytes []float64 // one per round
+	scriptUS                           []float64 // script µs per decision, one per round
 	decisions, allowed, errs           int
 	firstErr                           error
 	server                             serverStats // summed over rounds
@@ -51,8 +52,8 @@ func (e *environment) buildRows() ([]*row, error) {
 		nkeys   int
 		entries []entry
 	}{
-		{"allow", e.rdb, 1000, with(allowLimit, ceilings, redlimitContenders(""), peers)},
-		{"hot", e.rdb, 1, append(with(hotLimit, ceilings, redlimitContenders(""), peers), with(cached, redlimitContenders(" +deny cache"))...)},
+		{"allow", e.rdb, 1000, with(allowLimit, ceilings, redlimitContenders(""), peers, floorContenders("allow"))},
+		{"hot", e.rdb, 1, append(with(hotLimit, ceilings, redlimitContenders(""), peers, floorContenders("hot")), with(cached, redlimitContenders(" +deny cache"))...)},
 		{"autopipeline", e.ap, 1000, with(allowLimit, ceilings, redlimitContenders(""), peers)},
 	}
 	var rows []*row
@@ -107,6 +108,9 @@ func (e *environment) rounds(rows []*row) error {
 			}
 			r.roundTrips += e.hook.n.Load() - rt
 			d := after.sub(before)
+			if ops := seq.ops + conc.ops; ops > 0 {
+				r.scriptUS = append(r.scriptUS, float64(d.scriptUS)/float64(ops))
+			}
 			r.server.calls += d.calls
 			r.server.scriptCall += d.scriptCall
 			r.server.scriptUS += d.scriptUS

@@ -31,7 +31,7 @@ type limit struct {
 // contender is one library (or ceiling) the bench compares.
 type contender struct {
 	name      string // row name
-	kind      string // "redlimit", "peer" or "ceiling"
+	kind      string // "redlimit", "peer", "ceiling" or "floor" (floors.go)
 	algorithm string // redlimit algorithm, or the peer's
 	// build returns a decider on client c (a *redis.Client or a
 	// *redis.AutoPipeliner) for lim, or an error when c does not fit.

@@ -41,6 +41,14 @@ func variants() []variant {
 	server := func(time.Time) []any { return []any{"", 1, 1_000_000, int64(60_000_000)} }
 	client := func(now time.Time) []any { return []any{now.UnixMicro(), 1, 1_000_000, int64(60_000_000)} }
 	fw := scriptFile("common.lua") + scriptFile("fixedwindow.lua")
+	lb := scriptFile("common.lua") + scriptFile("gcra.lua") + scriptFile("leakybucket.lua")
+	tb := scriptFile("common.lua") + scriptFile("gcra.lua") + scriptFile("tokenbucket.lua")
+	// The buckets' allow workload: 1,000,000 per minute, reduced to 1 per 60µs.
+	bucket := func(time.Time) []any { return []any{"", 1, 1_000_000, 60, 1} }
+	floor := func(algorithm, workload string) variant {
+		f := floorScripts[algorithm][workload]
+		return variant{"floor " + algorithm + " " + workload, f.src, func(time.Time) []any { return []any{f.value, f.resp} }}
+	}
 	return []variant{
 		{"return 1", "return 1", server},
 		{"TIME", "local t = redis.call('TIME') return 1", server},
@@ -57,6 +65,11 @@ func variants() []variant {
 		{"common.lua prelude only", scriptFile("common.lua") + "return 1", server},
 		{"fixed window (server TIME)", fw, server},
 		{"fixed window (WithClock)", fw, client},
+		floor("fixed_window", "allow"),
+		{"leaky bucket (server TIME)", lb, bucket},
+		floor("leaky_bucket", "allow"),
+		{"token bucket (server TIME)", tb, bucket},
+		floor("token_bucket", "allow"),
 	}
 }
 

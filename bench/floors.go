@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Floors: per algorithm and workload, a script that runs the Redis commands
+// of that algorithm's common path (the same commands, on a key of the same
+// type holding a value of the same shape) and no logic around them: no
+// parsing, no arithmetic, a constant reply of the usual length. No script
+// that decides with those commands can cost Redis less, so a row's script
+// µs minus its floor's is what its Lua costs, and a target below a floor
+// is out of reach for any script on this Redis. See BENCHMARKS.md.
+//
+// Where the workload writes only now and then (hot: a window or bucket
+// that refills a few times a second), the floor writes only when the key
+// is missing, so it is a little below the real path.
+
+// stringHot is the hot path of the three string states: TIME, GET, a
+// denial (no write).
+const stringHot = `redis.call('TIME')
+if not redis.call('GET', KEYS[1]) then redis.call('SET', KEYS[1], ARGV[1], 'PX', 1000) end
+return ARGV[2]`
+
+// floorScripts maps algorithm → workload → floor script. ARGV[1] is a
+// value of the state's shape, ARGV[2] the reply.
+var floorScripts = map[string]map[string]struct {
+	src         string
+	value, resp string
+}{
+	"fixed_window": {
+		// An open window: GET, then SET KEEPTTL (PX when the window opens).
+		"allow": {`redis.call('TIME')
+if redis.call('GET', KEYS[1]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL')
+else
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', 60000)
+end
+return ARGV[2]`, "123451795000000000000003", "1 987654 0 59999999 0 59999999"},
+		"hot": {stringHot, "1001795000000000000003", "0 0 412345 412345 0 412345"},
+	},
+	"leaky_bucket": {
+		// A bucket that drained since the key's last call (its key expired):
+		// GET finds nothing, SET PX stores the new time.
+		"allow": {`redis.call('TIME')
+redis.call('GET', KEYS[1])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', 1)
+return ARGV[2]`, "17950000000000001", "1 999999 0 60 0 60"},
+		"hot": {stringHot, "17950000000000001", "0 0 9876 999999 0 9876"},
+	},
+	"token_bucket": {
+		"allow": {`redis.call('TIME')
+redis.call('GET', KEYS[1])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', 1)
+return ARGV[2]`, "17950000000000002", "1 999999 0 60 0 60"},
+		"hot": {stringHot, "17950000000000002", "0 0 9876 999999 0 9876"},
+	},
+	"sliding_window": {
+		// HGET of the meta field, HSET of the meta and now's bucket.
+		"allow": {`redis.call('TIME')
+redis.call('HGET', KEYS[1], 'm')
+redis.call('HSET', KEYS[1], 'm', ARGV[1], '299166666', '12')
+return ARGV[2]`, "w 6000000 1 10 299166666 5 299166657 10 12 299166657 12", "1 999988 0 60000000 0 5999999"},
+		// HGET of the meta field and of the bucket that leaves the window.
+		"hot": {`redis.call('TIME')
+if not redis.call('HGET', KEYS[1], 'm') then redis.call('HSET', KEYS[1], 'm', ARGV[1]) redis.call('PEXPIRE', KEYS[1], 1000) end
+redis.call('HGET', KEYS[1], '299166657')
+return ARGV[2]`, "w 100000 1 10 299166666 5 299166657 10 100 299166657 100", "0 0 41234 1000000 0 41234"},
+	},
+	"sliding_log": {
+		"allow": {`redis.call('TIME')
+redis.call('HGET', KEYS[1], 'm')
+redis.call('HSET', KEYS[1], 'm', ARGV[1], '299166666', '12')
+return ARGV[2]`, "l 6000000 2 10 100 299166666 5 299166567 100 40 299166657 12 299166567 40", "1 999988 0 600000000 0 5999999"},
+		"hot": {`redis.call('TIME')
+if not redis.call('HGET', KEYS[1], 'm') then redis.call('HSET', KEYS[1], 'm', ARGV[1]) redis.call('PEXPIRE', KEYS[1], 1000) end
+redis.call('HGET', KEYS[1], '299166657')
+return ARGV[2]`, "l 100000 2 10 100 299166666 5 299166567 100 400 299166657 100 299166567 400", "0 0 41234 10000000 0 41234"},
+	},
+}
+
+// floorContenders returns one floor row per redlimit algorithm for
+// workload ("allow" or "hot").
+func floorContenders(workload string) []contender {
+	var out []contender
+	for _, rc := range redlimitConstructors {
+		f, ok := floorScripts[rc.algorithm][workload]
+		if !ok {
+			continue
+		}
+		script := redis.NewScript(f.src)
+		out = append(out, contender{
+			name: "floor " + rc.algorithm, kind: "floor", algorithm: rc.algorithm,
+			build: func(c redis.Scripter, _ limit) (decider, error) {
+				return func(ctx context.Context, key string) (bool, error) {
+					return true, script.Run(ctx, c, []string{key}, f.value, f.resp).Err()
+				}, nil
+			},
+		})
+	}
+	if len(out) != len(redlimitConstructors) {
+		panic(fmt.Sprintf("bench: %d floors for %s, want one per algorithm", len(out), workload))
+	}
+	return out
+}

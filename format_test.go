@@ -1,0 +1,128 @@
+package redlimit
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The scripts' parsers were rewritten for speed (issue 11) without a change
+// of state format: keys written by format 2, the format before the rewrite,
+// under an explicit WithPrefix (where a rolling upgrade meets them) are read
+// as they were, and written back in format 2. Each case is a value in the
+// exact shape format 2 wrote, with the TTL it had; the calls decide on it,
+// and the value left behind is the one format 2 would have written.
+func TestStateFormat2StillRead(t *testing.T) {
+	now := epoch.UnixMicro() // 1800000000000000
+	cases := []struct {
+		name      string
+		make      func(rdb *fakeClock) func(b backend) (Limiter, error)
+		value     string
+		ttl       time.Duration
+		remaining int
+		reset     time.Duration
+		after     string // the value after one allowed permit
+	}{
+		{
+			name: "fixed window, short form",
+			make: func(c *fakeClock) func(b backend) (Limiter, error) {
+				return func(b backend) (Limiter, error) {
+					return NewFixedWindow(b.rdb, 10, time.Minute, WithPrefix("fmt:"), WithClock(c.Now))
+				}
+			},
+			// count 4, window ends 30s from now, tag 3.
+			value: "418000000300000003", ttl: 30 * time.Second,
+			remaining: 5, reset: 30 * time.Second,
+			after: "5 1800000030000000 60000000 3", // WithPrefix stores the window's length
+		},
+		{
+			name: "fixed window, form with the window's length",
+			make: func(c *fakeClock) func(b backend) (Limiter, error) {
+				return func(b backend) (Limiter, error) {
+					return NewFixedWindow(b.rdb, 10, time.Minute, WithPrefix("fmt:"), WithClock(c.Now))
+				}
+			},
+			value: "4 1800000030000000 60000000 3", ttl: 30 * time.Second,
+			remaining: 5, reset: 30 * time.Second,
+			after: "5 1800000030000000 60000000 3",
+		},
+		{
+			name: "leaky bucket, whole microseconds",
+			make: func(c *fakeClock) func(b backend) (Limiter, error) {
+				return func(b backend) (Limiter, error) {
+					return NewLeakyBucket(b.rdb, 10, PerSecond(1), WithPrefix("fmt:"), WithClock(c.Now))
+				}
+			},
+			// level 4: empty 4s from now, tag 1.
+			value: "18000000040000001", ttl: 4 * time.Second,
+			remaining: 5, reset: 5 * time.Second,
+			after: "18000000050000001",
+		},
+		{
+			name: "leaky bucket, a fraction of a microsecond",
+			make: func(c *fakeClock) func(b backend) (Limiter, error) {
+				return func(b backend) (Limiter, error) {
+					return NewLeakyBucket(b.rdb, 10, PerSecond(3), WithPrefix("fmt:"), WithClock(c.Now))
+				}
+			},
+			// level 1 at 3 per second: empty 333333 1/3 µs from now.
+			value: "18000000003333331+1/3", ttl: 334 * time.Millisecond,
+			remaining: 8, reset: 666667 * time.Microsecond,
+			after: "18000000006666661+2/3",
+		},
+		{
+			name: "token bucket, whole microseconds",
+			make: func(c *fakeClock) func(b backend) (Limiter, error) {
+				return func(b backend) (Limiter, error) {
+					return NewTokenBucket(b.rdb, 10, PerSecond(1), WithPrefix("fmt:"), WithClock(c.Now))
+				}
+			},
+			// 4 tokens missing: full 4s from now, tag 2.
+			value: "18000000040000002", ttl: 4 * time.Second,
+			remaining: 5, reset: 5 * time.Second,
+			after: "18000000050000002",
+		},
+		{
+			name: "token bucket, a fraction, read at another rate",
+			make: func(c *fakeClock) func(b backend) (Limiter, error) {
+				return func(b backend) (Limiter, error) {
+					return NewTokenBucket(b.rdb, 10, PerSecond(2), WithPrefix("fmt:"), WithClock(c.Now))
+				}
+			},
+			// Written at 3 per second: 1 token missing, full 333333 1/3 µs
+			// from now. At 2 per second (ticks of whole µs) the fraction
+			// rounds up to 333334 µs, then one more token (500000 µs).
+			value: "18000000003333332+1/3", ttl: 334 * time.Millisecond,
+			remaining: 8, reset: 833334 * time.Microsecond,
+			after: "18000000008333342",
+		},
+	}
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				clock := &fakeClock{now: epoch}
+				l, err := tc.make(clock)(b)
+				require.NoError(t, err)
+				require.Equal(t, "fmt:k", l.(interface{ RedisKey(string) string }).RedisKey("k"))
+				require.NoError(t, b.rdb.Set(ctx, "fmt:k", tc.value, tc.ttl).Err())
+				require.Equal(t, now, clock.now.UnixMicro())
+
+				r, err := l.AllowN(ctx, "k", 0)
+				require.NoError(t, err, "n=0 on a format 2 value %q", tc.value)
+				assert.Equal(t, tc.remaining+1, r.Remaining, "n=0 reads the format 2 value %q", tc.value)
+
+				r, err = l.Allow(ctx, "k")
+				require.NoError(t, err, "a format 2 value %q is read, never an error", tc.value)
+				assert.True(t, r.Allowed, "allowed on %q", tc.value)
+				assert.Equal(t, tc.remaining, r.Remaining, "Remaining after one permit on %q", tc.value)
+				assert.Equal(t, tc.reset, r.ResetAfter, "ResetAfter after one permit on %q", tc.value)
+				assert.Equal(t, tc.after, b.rdb.Get(ctx, "fmt:k").Val(), "written back in format 2")
+				require.NoError(t, b.rdb.Del(ctx, "fmt:k").Err())
+			})
+		}
+	})
+}
