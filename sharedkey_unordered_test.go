@@ -146,6 +146,7 @@ func pairViolation(grants []pairGrant, periods []time.Duration, bound func(time.
 // next to one of 3 granted 8,642 (34 alone), and a sliding window of 2 per
 // 12s next to 4 per 16s granted 5 in 16s (4 alone).
 func TestSharedKeyUnorderedPairs(t *testing.T) {
+	t.Parallel()
 	const (
 		pairs = 8
 		steps = 400
@@ -172,7 +173,7 @@ func TestSharedKeyUnorderedPairs(t *testing.T) {
 					}
 					bound := func(T time.Duration) int { return max(cfgs[0].bound(T), cfgs[1].bound(T)) }
 					for mode, who := range []string{"A alone", "B alone", "alternating", "random"} {
-						clock := &fakeClock{now: epoch}
+						clock := newClock()
 						prefix := fmt.Sprintf("p8:%s:%d:%d:", alg, p, mode)
 						var ls [2]Limiter
 						for i, c := range cfgs {
