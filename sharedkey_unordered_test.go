@@ -238,6 +238,7 @@ func TestSharedKeyUnorderedPairs(t *testing.T) {
 // property 8). Before, each checked only its own, and 2 per 12s next to
 // 4 per 16s granted 5 in 12s where either alone grants at most 4.
 func TestSharedKeySlidingAnyPair(t *testing.T) {
+	t.Parallel()
 	seed := sharedKeySeed(t)
 	t.Logf("seed %d (%s=%d repeats this run)", seed, sharedKeySeedEnv, seed)
 	draw := func(rng *rand.Rand) (string, sharedConfig) {
@@ -297,6 +298,7 @@ func TestSharedKeySlidingAnyPair(t *testing.T) {
 // error: its buckets keep counting, its strategies give way to the
 // caller's.
 func TestSlidingReadsPreviousFormat(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	b := epoch.Unix() // bucket index at a precision of 1s
 	for _, tc := range []struct {
@@ -314,7 +316,8 @@ func TestSlidingReadsPreviousFormat(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, be backend) {
-				clock := &fakeClock{now: epoch.Add(500 * time.Millisecond)}
+				clock := newClock()
+				clock.Advance(500 * time.Millisecond)
 				l, err := tc.make(be.rdb, WithPrefix("fmt2:"), WithClock(clock.Now))
 				require.NoError(t, err)
 				key := l.(interface{ RedisKey(string) string }).RedisKey("k")
