@@ -59,10 +59,10 @@ type outcome struct {
 func (p *cachePair) call(t *testing.T, key string, n int, what string) outcome {
 	t.Helper()
 	ctx := context.Background()
-	before := p.counter.decisions(cachedPrefix + key)
+	before := p.counter.decided(cachedPrefix + key)
 	got, err := p.cached.AllowN(ctx, key, n)
 	require.NoError(t, err, "%s: cached AllowN(%q, %d)", what, key, n)
-	reached := p.counter.decisions(cachedPrefix+key) - before
+	reached := p.counter.decided(cachedPrefix+key) - before
 	truth, err := p.plain.AllowN(ctx, key, n)
 	require.NoError(t, err, "%s: uncached AllowN(%q, %d)", what, key, n)
 
@@ -109,8 +109,8 @@ func TestDenyCacheHotKey(t *testing.T) {
 			require.False(t, last.truth.Allowed, "denial %d: the test wants a key denied throughout", i)
 			require.Equal(t, i == 0, last.redis, "denial %d: only the first denial should reach Redis", i)
 		}
-		require.Equal(t, 2, p.counter.decisions(cachedPrefix+"hot"), "1 grant + 1000 denials within one RetryAfter should cost 2 round trips")
-		require.Equal(t, 1001, p.counter.decisions(plainPrefix+"hot"), "the uncached limiter makes one round trip per call")
+		require.Equal(t, 2, p.counter.decided(cachedPrefix+"hot"), "1 grant + 1000 denials within one RetryAfter should cost 2 round trips")
+		require.Equal(t, 1001, p.counter.decided(plainPrefix+"hot"), "the uncached limiter makes one round trip per call")
 
 		// A microsecond before RetryAfter passes the cache still answers;
 		// once it has passed, the request goes to Redis and is allowed.
@@ -124,7 +124,7 @@ func TestDenyCacheHotKey(t *testing.T) {
 		require.True(t, due.got.Allowed, "a caller who waited RetryAfter should be allowed")
 
 		// A long abuse: a call every 250ms for 50s of fake time.
-		cachedBefore, plainBefore := p.counter.decisions(cachedPrefix+"hot"), p.counter.decisions(plainPrefix+"hot")
+		cachedBefore, plainBefore := p.counter.decided(cachedPrefix+"hot"), p.counter.decided(plainPrefix+"hot")
 		allowed := 0
 		for i := range 200 {
 			p.clock.Advance(250 * time.Millisecond)
@@ -132,8 +132,8 @@ func TestDenyCacheHotKey(t *testing.T) {
 				allowed++
 			}
 		}
-		cachedCalls := p.counter.decisions(cachedPrefix+"hot") - cachedBefore
-		plainCalls := p.counter.decisions(plainPrefix+"hot") - plainBefore
+		cachedCalls := p.counter.decided(cachedPrefix+"hot") - cachedBefore
+		plainCalls := p.counter.decided(plainPrefix+"hot") - plainBefore
 		require.Equal(t, 200, plainCalls, "the uncached limiter makes one round trip per call")
 		t.Logf("abuse: %d grants; round trips: %d cached, %d uncached", allowed, cachedCalls, plainCalls)
 		// Every grant costs a round trip, and so does the first denial after it.

@@ -201,9 +201,10 @@ func (c *fakeClock) Advance(d time.Duration) { c.now = c.now.Add(d) }
 // command a client sends, pipelined or not, and counts its dials. It is
 // safe for concurrent use.
 type commandRecorder struct {
-	mu    sync.Mutex
-	cmds  []recordedCmd
-	dials int
+	mu        sync.Mutex
+	cmds      []recordedCmd
+	decisions map[string]int // by Redis key, since the last take
+	dials     int
 	// afterReply, when set before the client is used, is called with each
 	// command once its reply has arrived and before the caller gets it.
 	afterReply func(c recordedCmd)
@@ -221,6 +222,17 @@ type recordedCmd struct {
 // isNoScript reports whether err is a server's NOSCRIPT answer: an EVALSHA
 // of a script it does not hold.
 func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
+
+// add records c; r.mu is held.
+func (r *commandRecorder) add(c recordedCmd) {
+	r.cmds = append(r.cmds, c)
+	if c.decision && !c.noScript {
+		if r.decisions == nil {
+			r.decisions = map[string]int{}
+		}
+		r.decisions[c.key]++
+	}
+}
 
 func record(cmd redis.Cmder, err error) recordedCmd {
 	c := recordedCmd{name: cmd.Name(), noScript: isNoScript(err), err: err}
@@ -246,7 +258,7 @@ func (r *commandRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook 
 		err := next(ctx, cmd)
 		c := record(cmd, err)
 		r.mu.Lock()
-		r.cmds = append(r.cmds, c)
+		r.add(c)
 		r.mu.Unlock()
 		if r.afterReply != nil {
 			r.afterReply(c)
@@ -260,7 +272,7 @@ func (r *commandRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 		err := next(ctx, cmds)
 		r.mu.Lock()
 		for _, cmd := range cmds {
-			r.cmds = append(r.cmds, record(cmd, cmd.Err()))
+			r.add(record(cmd, cmd.Err()))
 		}
 		r.mu.Unlock()
 		return err
@@ -272,7 +284,7 @@ func (r *commandRecorder) take() []recordedCmd {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	cmds := r.cmds
-	r.cmds = nil
+	r.cmds, r.decisions = nil, nil
 	return cmds
 }
 
@@ -286,19 +298,13 @@ func (r *commandRecorder) names() []string {
 	return names
 }
 
-// decisions returns how many decisions on the Redis key redisKey the server
+// decided returns how many decisions on the Redis key redisKey the server
 // made: EVALSHA and EVAL with ARGV, not counting NOSCRIPT answers (the EVAL
 // that follows one makes the decision), since the last take.
-func (r *commandRecorder) decisions(redisKey string) int {
+func (r *commandRecorder) decided(redisKey string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := 0
-	for _, c := range r.cmds {
-		if c.decision && c.key == redisKey && !c.noScript {
-			n++
-		}
-	}
-	return n
+	return r.decisions[redisKey]
 }
 
 // scripts returns how many EVAL and EVALSHA commands were sent since the

@@ -13,8 +13,8 @@ package redlimit
 // most what the surviving state in Redis has counted, and no two allowed
 // calls saw the same state (their Remaining values are distinct).
 //
-// None calls t.Parallel: they measure time, and they change go-redis's
-// logger.
+// But for TestReliabilityMaxmemory, none calls t.Parallel: they measure
+// time, and they change go-redis's logger.
 
 import (
 	"context"
@@ -684,10 +684,15 @@ func TestReliabilityReplicaPromotion(t *testing.T) {
 // the limiter keys that lost their state (each one lets a whole limit
 // through again). Hot keys are hit all along; idle ones were filled and
 // then left alone, as a user who was denied and went away.
+//
+// Unlike the other tests here it measures no time and keeps go-redis's
+// logger, so it runs in parallel.
 func TestReliabilityMaxmemory(t *testing.T) {
+	t.Parallel()
 	relSkipShort(t)
 	for _, policy := range []string{"allkeys-lru", "volatile-lru", "noeviction"} {
 		t.Run(policy, func(t *testing.T) {
+			t.Parallel()
 			relEviction(t, policy)
 		})
 	}
