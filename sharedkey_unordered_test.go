@@ -339,6 +339,7 @@ func TestSlidingReadsPreviousFormat(t *testing.T) {
 // one Lua pattern can capture (32), which the script parses field by field:
 // the decisions stay the reference model's.
 func TestSlidingLogManyStrategies(t *testing.T) {
+	t.Parallel()
 	precision := time.Second
 	var strategies []Strategy
 	var limits, windows []int64
@@ -349,7 +350,7 @@ func TestSlidingLogManyStrategies(t *testing.T) {
 	}
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		clock := &fakeClock{now: epoch}
+		clock := newClock()
 		l, err := NewSlidingLog(b.rdb, precision, strategies, WithClock(clock.Now))
 		require.NoError(t, err)
 		m := model.NewSlidingLog(precision.Microseconds(), limits, windows)
