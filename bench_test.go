@@ -82,33 +82,12 @@ func tryAcquire(l Limiter) func(ctx context.Context, key string) error {
 	}
 }
 
-// benchLimiters are the five algorithms at 1,000,000 per minute per key (the
+// benchLimiter measures algorithm name at 1,000,000 per minute per key (the
 // bench program's "allow" workload: nearly every decision writes).
-var benchLimiters = []struct {
-	name string
-	new  func(rdb redis.Scripter, opts ...Option) (Limiter, error)
-}{
-	{"FixedWindow", func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
-		return NewFixedWindow(rdb, 1_000_000, time.Minute, opts...)
-	}},
-	{"SlidingWindow", func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
-		return NewSlidingWindow(rdb, 1_000_000, time.Minute, 6*time.Second, opts...)
-	}},
-	{"SlidingLog", func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
-		return NewSlidingLog(rdb, 6*time.Second, []Strategy{{1_000_000, time.Minute}, {10_000_000, 10 * time.Minute}}, opts...)
-	}},
-	{"LeakyBucket", func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
-		return NewLeakyBucket(rdb, 1_000_000, PerMinute(1_000_000), opts...)
-	}},
-	{"TokenBucket", func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
-		return NewTokenBucket(rdb, 1_000_000, PerMinute(1_000_000), opts...)
-	}},
-}
-
 func benchLimiter(b *testing.B, name string, opts ...Option) {
-	for _, bl := range benchLimiters {
-		if bl.name == name {
-			l, err := bl.new(benchClient(b), append([]Option{WithPrefix("bench:" + name + ":")}, opts...)...)
+	for _, alg := range algorithms {
+		if alg.name == name {
+			l, err := alg.new(benchClient(b), 1_000_000, time.Minute, append([]Option{WithPrefix("bench:" + name + ":")}, opts...)...)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -116,14 +95,14 @@ func benchLimiter(b *testing.B, name string, opts ...Option) {
 			return
 		}
 	}
-	b.Fatalf("no limiter %s", name)
+	b.Fatalf("no algorithm %s", name)
 }
 
-func BenchmarkFixedWindow(b *testing.B)   { benchLimiter(b, "FixedWindow") }
-func BenchmarkSlidingWindow(b *testing.B) { benchLimiter(b, "SlidingWindow") }
-func BenchmarkSlidingLog(b *testing.B)    { benchLimiter(b, "SlidingLog") }
-func BenchmarkLeakyBucket(b *testing.B)   { benchLimiter(b, "LeakyBucket") }
-func BenchmarkTokenBucket(b *testing.B)   { benchLimiter(b, "TokenBucket") }
+func BenchmarkFixedWindow(b *testing.B)   { benchLimiter(b, "fixed_window") }
+func BenchmarkSlidingWindow(b *testing.B) { benchLimiter(b, "sliding_window") }
+func BenchmarkSlidingLog(b *testing.B)    { benchLimiter(b, "sliding_log") }
+func BenchmarkLeakyBucket(b *testing.B)   { benchLimiter(b, "leaky_bucket") }
+func BenchmarkTokenBucket(b *testing.B)   { benchLimiter(b, "token_bucket") }
 
 // BenchmarkTokenBucketHotDenyCache is the "hot" workload: 100/s on one key,
 // nearly every request denied, most of them by the deny cache in process.

@@ -101,13 +101,13 @@ func callWithin(l Limiter, key string, deadline time.Duration) (time.Duration, e
 // closes when Redis is back.
 func TestBreakerOnKilledRedis(t *testing.T) {
 	srv := redistest.Start(t)
-	for _, alg := range faultAlgs() {
+	for _, alg := range algorithms {
 		t.Run(alg.name, func(t *testing.T) {
 			// A client each: after PoolSize failed dials in a row, go-redis
 			// stops dialing for up to a second on its own.
 			rdb := recommendedClient(t, srv.Addr())
 			h := newBreakerHarness(t, 3, time.Second)
-			l, err := alg.make(rdb, WithBreaker(h.Breaker))
+			l, err := alg.new(rdb, 4, time.Second, WithBreaker(h.Breaker))
 			require.NoError(t, err)
 			_, err = l.Allow(context.Background(), "k")
 			require.NoError(t, err)
@@ -220,6 +220,7 @@ func TestBreakerOnStoppedRedis(t *testing.T) {
 // bad input, a ctx the caller cancelled or that was done before the call,
 // and a key holding a foreign value.
 func TestBreakerStaysClosed(t *testing.T) {
+	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
 		h := newBreakerHarness(t, 1, time.Second)
 		l, err := NewFixedWindow(b.rdb, 1, time.Minute, WithBreaker(h.Breaker), WithPrefix("closed:"))
@@ -278,8 +279,8 @@ func TestRecommendedClientFailsFast(t *testing.T) {
 }
 
 func TestBreakerOptions(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, DialerRetries: 1})
-	defer rdb.Close()
+	t.Parallel()
+	rdb := deadRedis(t, "", 0)
 	_, err := NewBreaker(BreakerConfig{Failures: -1})
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	_, err = NewBreaker(BreakerConfig{Cooldown: -time.Second})
@@ -338,31 +339,14 @@ type writerFunc func(p []byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
-// processCounter counts the scripts a go-redis client sends (not the
-// handshake of a new connection).
-type processCounter struct{ n atomic.Int64 }
-
-func (c *processCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (c *processCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
-			c.n.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-func (c *processCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 // TestBreakerOneProbe pauses Redis, opens the breaker, and lets the
 // cooldown pass: of 16 goroutines calling at once, exactly one reaches
 // Redis (and waits for its deadline); every other call fails at once.
 func TestBreakerOneProbe(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := recommendedClient(t, srv.Addr())
-	var sent processCounter
-	rdb.AddHook(&sent)
+	sent := &commandRecorder{}
+	rdb.AddHook(sent)
 	h := newBreakerHarness(t, 1, time.Second)
 	l, err := NewFixedWindow(rdb, 100, time.Minute, WithBreaker(h.Breaker))
 	require.NoError(t, err)
@@ -376,7 +360,7 @@ func TestBreakerOneProbe(t *testing.T) {
 	require.Equal(t, BreakerOpen, h.State())
 
 	h.advance(time.Second)
-	before := sent.n.Load()
+	sent.take()
 	var wg sync.WaitGroup
 	var fast, slow atomic.Int64
 	for range 16 {
@@ -396,7 +380,7 @@ func TestBreakerOneProbe(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	require.EqualValues(t, 1, sent.n.Load()-before, "exactly one probe reached Redis")
+	require.Equal(t, 1, sent.scripts(), "exactly one probe reached Redis")
 	require.EqualValues(t, 1, slow.Load(), "the probe waited for its deadline")
 	require.EqualValues(t, 159, fast.Load())
 	require.Equal(t, BreakerOpen, h.State(), "the probe failed: open again")

@@ -68,6 +68,7 @@ func (p *keyPlacement) master(t *testing.T, redisKey string) string {
 // calls in order), and every key grants exactly its first limit calls. Each
 // key's state lives, with a TTL, on the master that serves its slot.
 func TestClusterExactLimitPerKey(t *testing.T) {
+	t.Parallel()
 	const (
 		keyCount = 60
 		limit    = 5
@@ -76,9 +77,9 @@ func TestClusterExactLimitPerKey(t *testing.T) {
 	ctx := context.Background()
 	cc := dialCluster(t)
 	placement := newKeyPlacement(t, cc)
-	for _, alg := range noRefillAlgorithms() {
+	for _, alg := range algorithms {
 		t.Run(alg.name, func(t *testing.T) {
-			l, err := alg.make(cc, limit)
+			l, err := alg.new(cc, limit, forever)
 			require.NoError(t, err, "constructing %s on a ClusterClient", alg.name)
 
 			keys := make([]string, keyCount)
@@ -119,56 +120,11 @@ func TestClusterExactLimitPerKey(t *testing.T) {
 	}
 }
 
-// scriptCalls records the scripting commands a ClusterClient sends: for
-// EVAL and EVALSHA the key and whether the server answered NOSCRIPT.
-type scriptCalls struct {
-	mu    sync.Mutex
-	calls []scriptCall
-}
-
-type scriptCall struct {
-	name     string // "eval", "evalsha", "script", ...
-	key      string // KEYS[1] of an EVAL or EVALSHA
-	noScript bool
-}
-
-func (s *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (s *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-func (s *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		name := cmd.Name()
-		if !strings.HasPrefix(name, "eval") && name != "script" {
-			return err
-		}
-		c := scriptCall{name: name, noScript: err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")}
-		if args := cmd.Args(); strings.HasPrefix(name, "eval") && len(args) > 3 {
-			c.key, _ = args[3].(string)
-		}
-		s.mu.Lock()
-		s.calls = append(s.calls, c)
-		s.mu.Unlock()
-		return err
-	}
-}
-
-// take returns the calls recorded so far and forgets them.
-func (s *scriptCalls) take() []scriptCall {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	calls := s.calls
-	s.calls = nil
-	return calls
-}
-
 // TestClusterScriptFlush: with the script cache of every master flushed
 // before each round, each call still gets its decision: EVALSHA meets
 // NOSCRIPT on each node, EVAL runs the script there and caches it, and the
 // next key on that node runs EVALSHA again. No SCRIPT command is ever sent.
+// Not parallel: it flushes the shared cluster's script caches.
 func TestClusterScriptFlush(t *testing.T) {
 	const (
 		limit         = 3
@@ -177,11 +133,11 @@ func TestClusterScriptFlush(t *testing.T) {
 	)
 	ctx := context.Background()
 	redistest.ClusterAddrs(t) // skip once, not per algorithm, without a cluster
-	for _, alg := range noRefillAlgorithms() {
+	for _, alg := range algorithms {
 		t.Run(alg.name, func(t *testing.T) {
 			cc := dialCluster(t) // its own, so the hook below sees only this subtest
 			placement := newKeyPlacement(t, cc)
-			l, err := alg.make(cc, limit)
+			l, err := alg.new(cc, limit, forever)
 			require.NoError(t, err, "constructing %s on a ClusterClient", alg.name)
 
 			var keys []string
@@ -200,7 +156,7 @@ func TestClusterScriptFlush(t *testing.T) {
 				require.NoError(t, l.Reset(ctx, key), "resetting %q before the test", key)
 			}
 
-			log := &scriptCalls{}
+			log := &commandRecorder{}
 			cc.AddHook(log)
 			for round := range rounds {
 				err := cc.ForEachMaster(ctx, func(ctx context.Context, master *redis.Client) error {
@@ -218,6 +174,9 @@ func TestClusterScriptFlush(t *testing.T) {
 				type counts struct{ evalSHA, noScript, eval int }
 				got := map[string]counts{}
 				for _, c := range log.take() {
+					if !strings.HasPrefix(c.name, "eval") && c.name != "script" {
+						continue
+					}
 					master, ok := keyMaster[c.key]
 					require.True(t, ok, "round %d: %s of an unexpected key %q (only EVALSHA and EVAL of the test's keys are expected)", round, c.name, c.key)
 					n := got[master]

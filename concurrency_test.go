@@ -7,47 +7,11 @@ import (
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/redistest"
 )
-
-// noRefillAlgorithm builds a limiter that, for as long as a test runs, grants
-// exactly limit permits per key and no more: windows last an hour, buckets
-// regain one permit per hour. Time passing on the server's clock (these
-// limiters read TIME, not a fake clock) then cannot add a permit, and a test
-// can demand an exact count.
-type noRefillAlgorithm struct {
-	name string
-	make func(rdb redis.Scripter, limit int) (Limiter, error)
-}
-
-func noRefillAlgorithms() []noRefillAlgorithm {
-	return []noRefillAlgorithm{
-		{"fixed_window", func(rdb redis.Scripter, limit int) (Limiter, error) {
-			return NewFixedWindow(rdb, limit, time.Hour)
-		}},
-		{"sliding_window", func(rdb redis.Scripter, limit int) (Limiter, error) {
-			// A permit leaves an hour window of minute buckets 59 minutes later at the earliest.
-			return NewSlidingWindow(rdb, limit, time.Hour, time.Minute)
-		}},
-		{"sliding_log", func(rdb redis.Scripter, limit int) (Limiter, error) {
-			return NewSlidingLog(rdb, time.Minute, []Strategy{
-				{Limit: limit, Window: time.Hour},
-				{Limit: 2 * limit, Window: 2 * time.Hour},
-			})
-		}},
-		{"leaky_bucket", func(rdb redis.Scripter, limit int) (Limiter, error) {
-			return NewLeakyBucket(rdb, limit, PerHour(1))
-		}},
-		{"token_bucket", func(rdb redis.Scripter, limit int) (Limiter, error) {
-			return NewTokenBucket(rdb, limit, PerHour(1))
-		}},
-	}
-}
 
 // attempt is one AllowN made by a hammering goroutine.
 type attempt struct {
@@ -97,20 +61,19 @@ func hammer(limiters []Limiter, key string, nextN func(r *rand.Rand) int, seed u
 }
 
 // hammerLimiters returns one limiter of alg per client, each client a
-// separate go-redis client with its own pool, on the shared redis-server.
-// The key is reset first, so that -count=N reruns start fresh.
-func hammerLimiters(t *testing.T, alg noRefillAlgorithm, limit int, key string) []Limiter {
+// separate go-redis client with its own pool, on a database of the shared
+// redis-server of their own. The limiters grant exactly limit permits per
+// key for as long as the test runs (they read the server's TIME, and
+// nothing refills within forever), so a test can demand an exact count.
+func hammerLimiters(t *testing.T, alg algorithm, limit int) []Limiter {
 	t.Helper()
-	addr := redistest.Addr(t)
+	addr, db := redistest.DB(t)
 	limiters := make([]Limiter, hammerClients)
 	for i := range limiters {
-		rdb := redis.NewClient(&redis.Options{Addr: addr})
-		t.Cleanup(func() { rdb.Close() })
-		l, err := alg.make(rdb, limit)
+		l, err := alg.new(newClient(t, addr, db), limit, forever)
 		require.NoError(t, err, "constructing %s with limit %d", alg.name, limit)
 		limiters[i] = l
 	}
-	require.NoError(t, limiters[0].Reset(context.Background(), key), "resetting %q before the test", key)
 	return limiters
 }
 
@@ -143,11 +106,12 @@ func requireSerial(t *testing.T, limit int, calls []attempt) int {
 // TestConcurrentExactLimit: 100 goroutines over 4 clients, one key, 1000
 // calls for one permit each, and exactly limit are granted.
 func TestConcurrentExactLimit(t *testing.T) {
+	t.Parallel()
 	const limit = 137 // well under the 1000 attempts, so most are denied
-	for _, alg := range noRefillAlgorithms() {
+	for _, alg := range algorithms {
 		t.Run(alg.name, func(t *testing.T) {
 			key := t.Name()
-			limiters := hammerLimiters(t, alg, limit, key)
+			limiters := hammerLimiters(t, alg, limit)
 
 			calls := hammer(limiters, key, func(*rand.Rand) int { return 1 }, 0)
 
@@ -178,13 +142,14 @@ func TestConcurrentExactLimit(t *testing.T) {
 // All or nothing under contention: the granted total never passes the limit,
 // and a request is denied only when fewer than n permits were left.
 func TestConcurrentAllowN(t *testing.T) {
+	t.Parallel()
 	const limit = 301 // the ~2000 permits asked for are far more
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
-	for _, alg := range noRefillAlgorithms() {
+	for _, alg := range algorithms {
 		t.Run(alg.name, func(t *testing.T) {
 			key := t.Name()
-			limiters := hammerLimiters(t, alg, limit, key)
+			limiters := hammerLimiters(t, alg, limit)
 
 			calls := hammer(limiters, key, func(r *rand.Rand) int { return 1 + r.IntN(3) }, seed)
 

@@ -9,77 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
-
-// threePermitAlgorithms are the five algorithms, each granting 3 permits per
-// 10s, with Algorithm names as observers see them. Periods of seconds keep
-// the TTLs a real server counts in real time far longer than a test runs, so
-// that with a fake clock no key expires under a test.
-var threePermitAlgorithms = []algorithm{
-	{name: "fixed_window", make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
-		return NewFixedWindow(rdb, 3, 10*time.Second, opts...)
-	}},
-	{name: "sliding_window", make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
-		return NewSlidingWindow(rdb, 3, 10*time.Second, time.Second, opts...)
-	}},
-	{name: "sliding_log", make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
-		return NewSlidingLog(rdb, time.Second, []Strategy{{Limit: 3, Window: 10 * time.Second}, {Limit: 6, Window: 100 * time.Second}}, opts...)
-	}},
-	{name: "leaky_bucket", make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
-		return NewLeakyBucket(rdb, 3, Rate{Count: 3, Per: 10 * time.Second}, opts...)
-	}},
-	{name: "token_bucket", make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
-		return NewTokenBucket(rdb, 3, Rate{Count: 3, Per: 10 * time.Second}, opts...)
-	}},
-}
-
-// evalCounter is a go-redis hook that counts the decisions that reached
-// Redis, by Redis key: EVALSHA and EVAL commands carrying ARGV (Reset's
-// script has none). A NOSCRIPT answer is not counted, so that the EVAL it is
-// followed by makes one decision, one count.
-type evalCounter struct {
-	mu    sync.Mutex
-	byKey map[string]int
-}
-
-func newEvalCounter() *evalCounter { return &evalCounter{byKey: map[string]int{}} }
-
-func (c *evalCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (c *evalCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-func (c *evalCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		if key, ok := decisionKey(cmd); ok && !redis.HasErrorPrefix(err, "NOSCRIPT") {
-			c.mu.Lock()
-			c.byKey[key]++
-			c.mu.Unlock()
-		}
-		return err
-	}
-}
-
-// calls returns how many decisions on the Redis key reached Redis.
-func (c *evalCounter) calls(key string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.byKey[key]
-}
-
-// decisionKey returns the Redis key of a decision script command: EVALSHA
-// or EVAL, sha or source, numkeys, key, ARGV...
-func decisionKey(cmd redis.Cmder) (string, bool) {
-	args := cmd.Args()
-	if name := cmd.Name(); (name != "evalsha" && name != "eval") || len(args) <= 4 {
-		return "", false
-	}
-	return fmt.Sprint(args[3]), true
-}
 
 // cachePair is a limiter with a deny cache and the same limiter without,
 // on one backend and one fake clock, each on its own Redis keys: the
@@ -87,7 +18,7 @@ func decisionKey(cmd redis.Cmder) (string, bool) {
 type cachePair struct {
 	cached, plain Limiter
 	clock         *fakeClock
-	counter       *evalCounter
+	counter       *commandRecorder
 
 	mu   sync.Mutex
 	last Decision // the cached limiter's latest decision
@@ -100,17 +31,17 @@ const (
 
 func newCachePair(t *testing.T, b backend, alg algorithm, size int) *cachePair {
 	t.Helper()
-	p := &cachePair{clock: &fakeClock{now: epoch}, counter: newEvalCounter()}
+	p := &cachePair{clock: newClock(), counter: &commandRecorder{}}
 	b.rdb.AddHook(p.counter)
 	var err error
-	p.cached, err = alg.make(b.rdb, WithClock(p.clock.Now), WithPrefix(cachedPrefix), WithDenyCache(size),
+	p.cached, err = alg.new(b.rdb, 3, 10*time.Second, WithClock(p.clock.Now), WithPrefix(cachedPrefix), WithDenyCache(size),
 		WithObserver(func(d Decision) {
 			p.mu.Lock()
 			p.last = d
 			p.mu.Unlock()
 		}))
 	require.NoError(t, err, "build the cached %s", alg.name)
-	p.plain, err = alg.make(b.rdb, WithClock(p.clock.Now), WithPrefix(plainPrefix))
+	p.plain, err = alg.new(b.rdb, 3, 10*time.Second, WithClock(p.clock.Now), WithPrefix(plainPrefix))
 	require.NoError(t, err, "build the uncached %s", alg.name)
 	return p
 }
@@ -128,10 +59,10 @@ type outcome struct {
 func (p *cachePair) call(t *testing.T, key string, n int, what string) outcome {
 	t.Helper()
 	ctx := context.Background()
-	before := p.counter.calls(cachedPrefix + key)
+	before := p.counter.decided(cachedPrefix + key)
 	got, err := p.cached.AllowN(ctx, key, n)
 	require.NoError(t, err, "%s: cached AllowN(%q, %d)", what, key, n)
-	reached := p.counter.calls(cachedPrefix+key) - before
+	reached := p.counter.decided(cachedPrefix+key) - before
 	truth, err := p.plain.AllowN(ctx, key, n)
 	require.NoError(t, err, "%s: uncached AllowN(%q, %d)", what, key, n)
 
@@ -152,9 +83,12 @@ func requireAsTruthful(t *testing.T, got, truth Result, what string) {
 	require.Equal(t, truth, got, "%s: the cached limiter should answer as the uncached one", what)
 }
 
+// forEachCacheAlgorithm runs fn for every algorithm, at 3 permits per 10s,
+// on every backend.
 func forEachCacheAlgorithm(t *testing.T, fn func(t *testing.T, b backend, alg algorithm)) {
 	t.Helper()
-	for _, alg := range threePermitAlgorithms {
+	t.Parallel()
+	for _, alg := range algorithms {
 		t.Run(alg.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) { fn(t, b, alg) })
 		})
@@ -175,8 +109,8 @@ func TestDenyCacheHotKey(t *testing.T) {
 			require.False(t, last.truth.Allowed, "denial %d: the test wants a key denied throughout", i)
 			require.Equal(t, i == 0, last.redis, "denial %d: only the first denial should reach Redis", i)
 		}
-		require.Equal(t, 2, p.counter.calls(cachedPrefix+"hot"), "1 grant + 1000 denials within one RetryAfter should cost 2 round trips")
-		require.Equal(t, 1001, p.counter.calls(plainPrefix+"hot"), "the uncached limiter makes one round trip per call")
+		require.Equal(t, 2, p.counter.decided(cachedPrefix+"hot"), "1 grant + 1000 denials within one RetryAfter should cost 2 round trips")
+		require.Equal(t, 1001, p.counter.decided(plainPrefix+"hot"), "the uncached limiter makes one round trip per call")
 
 		// A microsecond before RetryAfter passes the cache still answers;
 		// once it has passed, the request goes to Redis and is allowed.
@@ -190,7 +124,7 @@ func TestDenyCacheHotKey(t *testing.T) {
 		require.True(t, due.got.Allowed, "a caller who waited RetryAfter should be allowed")
 
 		// A long abuse: a call every 250ms for 50s of fake time.
-		cachedBefore, plainBefore := p.counter.calls(cachedPrefix+"hot"), p.counter.calls(plainPrefix+"hot")
+		cachedBefore, plainBefore := p.counter.decided(cachedPrefix+"hot"), p.counter.decided(plainPrefix+"hot")
 		allowed := 0
 		for i := range 200 {
 			p.clock.Advance(250 * time.Millisecond)
@@ -198,8 +132,8 @@ func TestDenyCacheHotKey(t *testing.T) {
 				allowed++
 			}
 		}
-		cachedCalls := p.counter.calls(cachedPrefix+"hot") - cachedBefore
-		plainCalls := p.counter.calls(plainPrefix+"hot") - plainBefore
+		cachedCalls := p.counter.decided(cachedPrefix+"hot") - cachedBefore
+		plainCalls := p.counter.decided(plainPrefix+"hot") - plainBefore
 		require.Equal(t, 200, plainCalls, "the uncached limiter makes one round trip per call")
 		t.Logf("abuse: %d grants; round trips: %d cached, %d uncached", allowed, cachedCalls, plainCalls)
 		// Every grant costs a round trip, and so does the first denial after it.
@@ -290,50 +224,33 @@ func TestDenyCacheReset(t *testing.T) {
 	})
 }
 
-// replyGate is a go-redis hook that, once armed, holds back the reply to the
-// next decision on one Redis key until released.
-type replyGate struct {
-	key     string
-	armed   atomic.Bool
-	replied chan struct{} // closed when the held reply has arrived
-	release chan struct{} // close to let it through
-}
-
-func (g *replyGate) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (g *replyGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-func (g *replyGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		if key, ok := decisionKey(cmd); ok && key == g.key && err == nil && g.armed.CompareAndSwap(true, false) {
-			close(g.replied)
-			<-g.release
-		}
-		return err
-	}
-}
-
 func TestDenyCacheResetDuringDenial(t *testing.T) {
 	// A denial in flight when Reset runs was decided on the state Reset
 	// deleted: it must not be cached after Reset has returned.
 	forEachCacheAlgorithm(t, func(t *testing.T, b backend, alg algorithm) {
 		ctx := context.Background()
-		gate := &replyGate{key: cachedPrefix + "k", replied: make(chan struct{}), release: make(chan struct{})}
+		// Once armed, the gate holds back the reply to the next decision
+		// on the key until released.
+		var armed atomic.Bool
+		replied, released := make(chan struct{}), make(chan struct{})
+		gate := &commandRecorder{afterReply: func(c recordedCmd) {
+			if c.decision && c.key == cachedPrefix+"k" && c.err == nil && armed.CompareAndSwap(true, false) {
+				close(replied)
+				<-released
+			}
+		}}
 		b.rdb.AddHook(gate)
 		var releaseOnce sync.Once
-		release := func() { releaseOnce.Do(func() { close(gate.release) }) }
+		release := func() { releaseOnce.Do(func() { close(released) }) }
 		t.Cleanup(release) // never leave the in-flight call blocked, even on failure
-		clock := &fakeClock{now: epoch}
-		l, err := alg.make(b.rdb, WithClock(clock.Now), WithPrefix(cachedPrefix), WithDenyCache(16))
+		clock := newClock()
+		l, err := alg.new(b.rdb, 3, 10*time.Second, WithClock(clock.Now), WithPrefix(cachedPrefix), WithDenyCache(16))
 		require.NoError(t, err)
 		r, err := l.AllowN(ctx, "k", 3)
 		require.NoError(t, err)
 		require.True(t, r.Allowed, "exhaust the key")
 
-		gate.armed.Store(true)
+		armed.Store(true)
 		inFlight := make(chan Result, 1)
 		go func() {
 			r, err := l.AllowN(ctx, "k", 1)
@@ -343,7 +260,7 @@ func TestDenyCacheResetDuringDenial(t *testing.T) {
 			inFlight <- r
 		}()
 		select {
-		case <-gate.replied:
+		case <-replied:
 		case <-time.After(10 * time.Second):
 			t.Fatal("the in-flight AllowN never reached Redis")
 		}
@@ -394,12 +311,12 @@ func TestDenyCacheClockBackwards(t *testing.T) {
 }
 
 func TestDenyCacheInvalidSize(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled: construction makes no call
-	t.Cleanup(func() { rdb.Close() })
+	t.Parallel()
+	rdb := deadRedis(t, "", 0) // never dialled: construction makes no call
 	for _, size := range []int{0, -1} {
-		for _, alg := range threePermitAlgorithms {
+		for _, alg := range algorithms {
 			t.Run(fmt.Sprintf("%s/%d", alg.name, size), func(t *testing.T) {
-				_, err := alg.make(rdb, WithDenyCache(size))
+				_, err := alg.new(rdb, 3, 10*time.Second, WithDenyCache(size))
 				require.ErrorIs(t, err, ErrInvalidConfig, "WithDenyCache(%d) should be ErrInvalidConfig", size)
 			})
 		}

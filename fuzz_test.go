@@ -190,33 +190,13 @@ func hostileKeys() map[string]string {
 // keys of any bytes: each is its own key, stored as exactly prefix + key,
 // and exhausting it leaves every other key alone.
 func TestHostileKeys(t *testing.T) {
+	t.Parallel()
 	const limit = 2
-	makers := []struct {
-		name string
-		make func(rdb redis.Scripter, prefix string) (Limiter, error)
-	}{
-		{"fixed_window", func(rdb redis.Scripter, p string) (Limiter, error) {
-			return NewFixedWindow(rdb, limit, time.Hour, WithPrefix(p))
-		}},
-		{"sliding_window", func(rdb redis.Scripter, p string) (Limiter, error) {
-			return NewSlidingWindow(rdb, limit, time.Hour, time.Second, WithPrefix(p))
-		}},
-		{"sliding_log", func(rdb redis.Scripter, p string) (Limiter, error) {
-			// Second buckets: see TestReliabilityMiniredisMinuteBuckets for minutes.
-			return NewSlidingLog(rdb, time.Second, []Strategy{{Limit: limit, Window: time.Hour}}, WithPrefix(p))
-		}},
-		{"leaky_bucket", func(rdb redis.Scripter, p string) (Limiter, error) {
-			return NewLeakyBucket(rdb, limit, PerHour(1), WithPrefix(p))
-		}},
-		{"token_bucket", func(rdb redis.Scripter, p string) (Limiter, error) {
-			return NewTokenBucket(rdb, limit, PerHour(1), WithPrefix(p))
-		}},
-	}
 	forEachBackend(t, func(t *testing.T, b backend) {
-		for _, m := range makers {
-			t.Run(m.name, func(t *testing.T) {
-				prefix := "hostile:" + m.name + ":"
-				l, err := m.make(b.rdb, prefix)
+		for _, alg := range algorithms {
+			t.Run(alg.name, func(t *testing.T) {
+				prefix := "hostile:" + alg.name + ":"
+				l, err := alg.new(b.rdb, limit, forever, WithPrefix(prefix))
 				require.NoError(t, err)
 				// miniredis copies a key into Lua slowly enough that
 				// 1 MiB keys time out; redis-server takes them at once.
@@ -280,16 +260,11 @@ func FuzzKeys(f *testing.F) {
 	f.Add("")
 	f.Add("victim")
 	rdb, _ := fuzzRedis(f)
-	var limiters []Limiter
-	for _, alg := range relAlgorithms() {
-		l, err := alg.make(rdb, 3)
-		require.NoError(f, err)
-		limiters = append(limiters, l)
-	}
+	limiters := newLimiters(f, rdb, 3, forever)
 	ctx := context.Background()
 	f.Fuzz(func(t *testing.T, key string) {
 		for i, l := range limiters {
-			name := relAlgorithms()[i].name
+			name := algorithms[i].name
 			require.NoError(t, l.Reset(ctx, "victim"))
 			r, err := l.AllowN(ctx, "victim", 2)
 			require.NoError(t, err)
@@ -362,7 +337,7 @@ func FuzzConfigChange(f *testing.F) {
 	rdb, flush := fuzzRedis(f)
 	f.Fuzz(func(t *testing.T, alg uint8, limit1 int, a1, b1 int64, used, limit2 int, a2, b2 int64, n int, step int64) {
 		flush()
-		clock := &fakeClock{now: epoch}
+		clock := newClock()
 		before, limits1, err := fuzzLimiter(rdb, alg, limit1, a1, b1, clock.Now)
 		if err != nil {
 			return // constructors are fuzzed on their own
@@ -379,29 +354,5 @@ func FuzzConfigChange(f *testing.F) {
 		}
 		clock.Advance(time.Duration(min(max(step, -int64(time.Hour)), int64(time.Hour))))
 		fuzzCall(t, after, nil, limits2, "k", n)
-	})
-}
-
-// TestZeroAfterLoweredLimit: n == 0 is always allowed, even on a key whose
-// state holds more than a lowered limit (a deploy lowered it): the call
-// only reports that nothing remains. Found by FuzzNewSlidingWindow.
-func TestZeroAfterLoweredLimit(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, b backend) {
-		for alg := range uint8(5) {
-			clock := &fakeClock{now: epoch}
-			high, _, err := fuzzLimiter(b.rdb, alg, 10, int64(time.Second), int64(100*time.Millisecond), clock.Now)
-			require.NoError(t, err)
-			low, _, err := fuzzLimiter(b.rdb, alg, 3, int64(time.Second), int64(100*time.Millisecond), clock.Now)
-			require.NoError(t, err)
-			key := fmt.Sprintf("lowered:%d", alg)
-			r, err := high.AllowN(context.Background(), key, 10)
-			require.NoError(t, err)
-			require.True(t, r.Allowed)
-			r, err = low.AllowN(context.Background(), key, 0)
-			require.NoError(t, err)
-			require.True(t, r.Allowed, "%T: n == 0 on a key over a lowered limit must be allowed: %+v", low, r)
-			require.Zero(t, r.RetryAfter, "%T", low)
-			require.Zero(t, r.Remaining, "%T", low)
-		}
 	})
 }

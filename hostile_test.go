@@ -43,6 +43,7 @@ var shapedStrings = []string{
 // for every value; with one, for every value whose shape is not exactly a
 // redlimit state (a 16-digit microsecond time and the algorithm's tag).
 func TestForeignValuesNeverTaken(t *testing.T) {
+	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		decided := 0
@@ -69,8 +70,8 @@ func TestForeignValuesNeverTaken(t *testing.T) {
 				}
 			}
 		}
-		for _, a := range threePermitAlgorithms {
-			l, err := a.make(b.rdb, WithPrefix(""))
+		for _, a := range algorithms {
+			l, err := a.new(b.rdb, 3, 10*time.Second, WithPrefix(""))
 			require.NoError(t, err)
 			for i, v := range append(foreignStrings, shapedStrings...) {
 				for _, ttl := range []time.Duration{0, time.Hour} {
@@ -90,16 +91,16 @@ func TestForeignValuesNeverTaken(t *testing.T) {
 			check(t, a.name, l, key, "a list")
 
 			// Each other algorithm's state, written through a shared prefix.
-			for _, other := range threePermitAlgorithms {
+			for _, other := range algorithms {
 				if other.name == a.name {
 					continue
 				}
-				o, err := other.make(b.rdb, WithPrefix("shared:"))
+				o, err := other.new(b.rdb, 3, 10*time.Second, WithPrefix("shared:"))
 				require.NoError(t, err)
 				key := "shared:" + a.name + ":" + other.name
 				_, err = o.Allow(ctx, a.name+":"+other.name)
 				require.NoError(t, err)
-				l, err := a.make(b.rdb, WithPrefix("shared:"))
+				l, err := a.new(b.rdb, 3, 10*time.Second, WithPrefix("shared:"))
 				require.NoError(t, err)
 				check(t, a.name, l, key, other.name+"'s state")
 			}
@@ -164,11 +165,12 @@ func oomCases() []oomCase {
 // property 10). Behind a fail-open middleware, an OOM error on a denial
 // would let every request through.
 func TestDenialsNeedNoWrite(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, "--maxmemory", strconv.Itoa(4<<20), "--maxmemory-policy", "noeviction")
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), DisableIdentity: true})
 	t.Cleanup(func() { rdb.Close() })
 	ctx := context.Background()
-	clock := &fakeClock{now: epoch}
+	clock := newClock()
 	opts := []Option{WithPrefix("oom:"), WithClock(clock.Now)}
 	cases := oomCases()
 	// Phase 1, writes work: 3 permits at 0s and 3 at 25s exhaust every key;
@@ -246,6 +248,7 @@ func manyBuckets(t *testing.T, l Limiter, clock *fakeClock, key string, buckets 
 // middleware, no limit at all. Now every call decides, and once the calls
 // have walked the dead buckets the key is exact again.
 func TestSlidingManyBucketsLeaveAtOnce(t *testing.T) {
+	t.Parallel()
 	for _, a := range []struct {
 		name string
 		make func(rdb redis.Scripter, buckets int, opts ...Option) (Limiter, error)
@@ -270,7 +273,7 @@ func TestSlidingManyBucketsLeaveAtOnce(t *testing.T) {
 					buckets = 1000
 				}
 				ctx := context.Background()
-				clock := &fakeClock{now: epoch}
+				clock := newClock()
 				l, err := a.make(b.rdb, buckets, WithClock(clock.Now))
 				require.NoError(t, err)
 				manyBuckets(t, l, clock, "k", buckets, time.Millisecond)
@@ -319,13 +322,14 @@ func cmdCalls(t *testing.T, rdb *redis.Client) map[string]int64 {
 // A denied large n on a window of many buckets used to walk every bucket,
 // and walk again on every repeat: 400k buckets took 1.5s of Redis per call.
 // Now a call reads at most 12 buckets, whatever the state and n, and the
-// RetryAfter it reports is never shorter than the truth.
+// RetryAfter it reports is never shorter than the truth. On a server of its
+// own: INFO commandstats counts every client's commands.
 func TestSlidingDeniedLargeNIsBounded(t *testing.T) {
+	t.Parallel()
 	const buckets = 20_000
-	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := newClient(t, redistest.Start(t).Addr(), 0)
 	ctx := context.Background()
-	clock := &fakeClock{now: epoch}
+	clock := newClock()
 	l, err := NewSlidingWindow(rdb, 2*buckets, time.Hour, time.Millisecond, WithClock(clock.Now), WithPrefix("bounded:"))
 	require.NoError(t, err)
 	require.NoError(t, l.Reset(ctx, "k"))

@@ -2,9 +2,7 @@ package redlimit
 
 import (
 	"context"
-	"errors"
 	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -64,12 +62,13 @@ var routePairs = []routePair{
 // default keys carried a fingerprint, /login's token bucket admitted 1000 of
 // 1000 requests in a second this way.
 func TestDefaultKeysIsolateConfigs(t *testing.T) {
+	t.Parallel()
 	for _, p := range routePairs {
 		t.Run(p.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
 				ctx := context.Background()
 				grants := func(withLoose bool) int {
-					clock := &fakeClock{now: epoch}
+					clock := newClock()
 					strict, err := p.strict(b.rdb, WithClock(clock.Now))
 					require.NoError(t, err)
 					loose, err := p.loose(b.rdb, WithClock(clock.Now))
@@ -107,8 +106,8 @@ func TestDefaultKeysIsolateConfigs(t *testing.T) {
 // configuration was written, and is stable across releases: a change to it
 // starts every user's keys afresh, so it must be a deliberate one.
 func TestDefaultKeyFingerprint(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
-	t.Cleanup(func() { rdb.Close() })
+	t.Parallel()
+	rdb := deadRedis(t, "", 0) // never dialled
 	shape := regexp.MustCompile(`^redlimit:(fw|sw|sl|lb|tb):[0-9a-v]{8}:$`)
 	prefix := func(l Limiter, err error) string {
 		t.Helper()
@@ -159,113 +158,4 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
-}
-
-// Every algorithm's TryAcquire denies with a *ViolationStrategyError that
-// carries the Limit, Window and RetryAfter of the limit that denied.
-func TestTypedDenials(t *testing.T) {
-	want := map[string]ViolationStrategyError{
-		"fixed_window":   {Limit: 3, Window: 10 * time.Second, RetryAfter: 10 * time.Second},
-		"sliding_window": {Limit: 3, Window: 10 * time.Second, RetryAfter: 10 * time.Second},
-		"sliding_log":    {Limit: 3, Window: 10 * time.Second, RetryAfter: 10 * time.Second},
-		"leaky_bucket":   {Limit: 3, Window: 10 * time.Second, RetryAfter: 10 * time.Second / 3},
-		"token_bucket":   {Limit: 3, Window: 10 * time.Second, RetryAfter: 10*time.Second/3 + time.Microsecond},
-	}
-	for _, a := range threePermitAlgorithms {
-		t.Run(a.name, func(t *testing.T) {
-			forEachBackend(t, func(t *testing.T, b backend) {
-				ctx := context.Background()
-				clock := &fakeClock{now: epoch}
-				l, err := a.make(b.rdb, WithClock(clock.Now))
-				require.NoError(t, err)
-				for i := range 3 {
-					require.NoError(t, l.TryAcquire(ctx, "k"), "permit %d", i)
-				}
-				err = l.TryAcquire(ctx, "k")
-				require.ErrorIs(t, err, ErrAcquireFailed)
-				var v *ViolationStrategyError
-				require.ErrorAs(t, err, &v)
-				w := want[a.name]
-				assert.Equal(t, w.Limit, v.Limit, "Limit")
-				assert.Equal(t, w.Window, v.Window, "Window")
-				assert.InDelta(t, float64(w.RetryAfter), float64(v.RetryAfter), float64(time.Microsecond), "RetryAfter")
-				r, err := l.AllowN(ctx, "k", 4)
-				require.NoError(t, err)
-				assert.False(t, r.Allowed)
-				assert.Equal(t, Never, r.RetryAfter, "more than the capacity: Never")
-			})
-		})
-	}
-}
-
-// A limiter no constructor made, and a nil ctx, are errors with a sentinel
-// and the algorithm's name, never a panic and never a round trip.
-func TestMisuseIsAnError(t *testing.T) {
-	zero := []Limiter{&FixedWindow{}, &SlidingWindow{}, &SlidingLog{}, &LeakyBucket{}, &TokenBucket{}}
-	for _, l := range zero {
-		ctx := context.Background()
-		assert.ErrorIs(t, l.TryAcquire(ctx, "k"), ErrInvalidConfig)
-		_, err := l.AllowN(ctx, "k", 1)
-		assert.ErrorIs(t, err, ErrInvalidConfig)
-		assert.ErrorIs(t, l.Reset(ctx, "k"), ErrInvalidConfig)
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
-	t.Cleanup(func() { rdb.Close() })
-	for _, a := range threePermitAlgorithms {
-		l, err := a.make(rdb)
-		require.NoError(t, err)
-		//lint:ignore SA1012 a nil ctx is the misuse under test
-		_, err = l.AllowN(nil, "k", 1) //nolint:staticcheck
-		require.ErrorIs(t, err, ErrInvalidArgument, a.name)
-		assert.Contains(t, err.Error(), a.name)
-		_, err = l.AllowN(context.Background(), "", 1)
-		require.ErrorIs(t, err, ErrInvalidArgument, a.name)
-		assert.Contains(t, err.Error(), a.name)
-		_, err = l.AllowN(context.Background(), "k", -1)
-		require.ErrorIs(t, err, ErrInvalidArgument, a.name)
-		assert.Contains(t, err.Error(), a.name)
-		assert.Equal(t, 1, strings.Count(err.Error(), "redlimit:"), "%q says redlimit: once", err)
-
-		clocked, err := a.make(rdb, WithClock(func() time.Time { return time.Unix(-1, 0) }))
-		require.NoError(t, err)
-		_, err = clocked.AllowN(context.Background(), "k", 1)
-		require.ErrorIs(t, err, ErrInvalidArgument, "a clock before 1970")
-		assert.Contains(t, err.Error(), a.name)
-		clocked, err = a.make(rdb, WithClock(func() time.Time { return time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC) }))
-		require.NoError(t, err)
-		_, err = clocked.AllowN(context.Background(), "k", 1)
-		require.ErrorIs(t, err, ErrInvalidArgument, "a clock after 2112")
-	}
-}
-
-// A key that holds something else is ErrForeignState, with a message that
-// quotes the key with escapes and at most 64 of its bytes, whatever its size
-// and content.
-func TestForeignStateErrorText(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, b backend) {
-		ctx := context.Background()
-		for _, a := range threePermitAlgorithms {
-			l, err := a.make(b.rdb, WithPrefix(""))
-			require.NoError(t, err)
-			for _, key := range []string{strings.Repeat("k", 2<<20), "nul\x00key\nline"} {
-				require.NoError(t, b.rdb.SAdd(ctx, key, "member").Err(), "a set: a type no limiter writes")
-				_, err := l.Allow(ctx, key)
-				require.ErrorIs(t, err, ErrForeignState, a.name)
-				msg := err.Error()
-				assert.Less(t, len(msg), 400, "%s: bounded message", a.name)
-				assert.Equal(t, 1, strings.Count(msg, "redlimit:"), "%q", msg)
-				assert.Contains(t, msg, a.name)
-				assert.NotContains(t, msg, "\x00")
-				assert.NotContains(t, msg, "\n")
-				if len(key) > 64 {
-					assert.Contains(t, msg, "2097152 bytes", "says how long the key was")
-				} else {
-					assert.Contains(t, msg, `"nul\x00key\nline"`)
-				}
-				require.Equal(t, "set", b.rdb.Type(ctx, key).Val(), "left untouched")
-				require.NoError(t, b.rdb.Del(ctx, key).Err())
-			}
-		}
-	})
-	assert.False(t, errors.Is(ErrForeignState, ErrAcquireFailed), "no decision is not a denial")
 }

@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
 
@@ -57,12 +55,13 @@ func requireOneDecision(t *testing.T, log *decisionLog, alg, key string, n int, 
 }
 
 func TestObserver(t *testing.T) {
-	for _, alg := range threePermitAlgorithms {
+	t.Parallel()
+	for _, alg := range algorithms {
 		t.Run(alg.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
 				log := &decisionLog{}
-				clock := &fakeClock{now: epoch}
-				l, err := alg.make(b.rdb, WithClock(clock.Now), WithObserver(log.observe))
+				clock := newClock()
+				l, err := alg.new(b.rdb, 3, 10*time.Second, WithClock(clock.Now), WithObserver(log.observe))
 				require.NoError(t, err)
 				ctx := context.Background()
 
@@ -125,32 +124,12 @@ func TestObserver(t *testing.T) {
 	}
 }
 
-// deadRedis returns a client for a port on 127.0.0.1 where nothing listens,
-// failing fast.
-func deadRedis(t *testing.T) *redis.Client {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err, "find a free port")
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	rdb := redis.NewClient(&redis.Options{
-		Addr:               addr,
-		DialTimeout:        100 * time.Millisecond,
-		DialerRetries:      1,
-		DialerRetryTimeout: time.Millisecond,
-		ReadTimeout:        100 * time.Millisecond,
-		WriteTimeout:       100 * time.Millisecond,
-		MaxRetries:         -1,
-	})
-	t.Cleanup(func() { rdb.Close() })
-	return rdb
-}
-
 func TestObserverRedisDown(t *testing.T) {
-	for _, alg := range threePermitAlgorithms {
+	t.Parallel()
+	for _, alg := range algorithms {
 		t.Run(alg.name, func(t *testing.T) {
 			log := &decisionLog{}
-			l, err := alg.make(deadRedis(t), WithObserver(log.observe))
+			l, err := alg.new(deadRedis(t, "", 0), 3, 10*time.Second, WithObserver(log.observe))
 			require.NoError(t, err)
 			ctx := context.Background()
 
@@ -170,11 +149,12 @@ func TestObserverRedisDown(t *testing.T) {
 
 func TestObserverConcurrent(t *testing.T) {
 	// Run with -race: the observer is called from every calling goroutine.
-	for _, alg := range threePermitAlgorithms {
+	t.Parallel()
+	for _, alg := range algorithms {
 		t.Run(alg.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
 				log := &decisionLog{}
-				l, err := alg.make(b.rdb, WithObserver(log.observe), WithDenyCache(4))
+				l, err := alg.new(b.rdb, 3, 10*time.Second, WithObserver(log.observe), WithDenyCache(4))
 				require.NoError(t, err)
 				const goroutines, perGoroutine = 8, 25
 				var wg sync.WaitGroup

@@ -1,15 +1,20 @@
 package redlimit
 
-// Fault tests: real redis-server processes, started, killed, restarted,
-// promoted, starved of memory, partitioned and slowed by the tests, each
-// under concurrent load from several clients. What a caller sees in each case
-// is written up in docs/README-failures.md; the numbers there come from the
-// t.Logf lines of these tests (go test -v -run TestReliability).
+// Outages under load: real redis-server processes started, killed,
+// restarted, promoted, starved of memory, partitioned and slowed by the
+// tests, each under concurrent load from several clients. README "Failure
+// behaviour" says what a caller sees in each case; its numbers come from the
+// t.Logf lines of these tests (go test -v -run TestReliability). Faults of
+// one call (a dead or hung Redis, a flushed script cache, foreign values) are
+// in faults_test.go.
 //
 // Every test checks the same promise at the end: no call reports a decision
 // that did not happen. For every key, the permits reported allowed are at
 // most what the surviving state in Redis has counted, and no two allowed
 // calls saw the same state (their Remaining values are distinct).
+//
+// But for TestReliabilityMaxmemory, none calls t.Parallel: they measure
+// time, and they change go-redis's logger.
 
 import (
 	"context"
@@ -73,44 +78,18 @@ func relOptions(addr string) *redis.Options {
 	}
 }
 
-// relAlgorithm builds a limiter that grants exactly limit permits per key
-// for as long as a test runs: hour-long windows, one permit back per hour.
-type relAlgorithm struct {
-	name string
-	make func(rdb redis.Scripter, limit int) (Limiter, error)
-}
-
-func relAlgorithms() []relAlgorithm {
-	return []relAlgorithm{
-		{"fixed_window", func(rdb redis.Scripter, limit int) (Limiter, error) {
-			return NewFixedWindow(rdb, limit, time.Hour)
-		}},
-		{"sliding_window", func(rdb redis.Scripter, limit int) (Limiter, error) {
-			return NewSlidingWindow(rdb, limit, time.Hour, time.Minute)
-		}},
-		{"sliding_log", func(rdb redis.Scripter, limit int) (Limiter, error) {
-			return NewSlidingLog(rdb, time.Minute, []Strategy{{Limit: limit, Window: time.Hour}, {Limit: 2 * limit, Window: 2 * time.Hour}})
-		}},
-		{"leaky_bucket", func(rdb redis.Scripter, limit int) (Limiter, error) {
-			return NewLeakyBucket(rdb, limit, PerHour(1))
-		}},
-		{"token_bucket", func(rdb redis.Scripter, limit int) (Limiter, error) {
-			return NewTokenBucket(rdb, limit, PerHour(1))
-		}},
-	}
-}
-
-// relLimiters returns one limiter per algorithm on rdb, in relAlgorithms order.
+// relLimiters returns one limiter per algorithm on rdb, in registry order,
+// each granting exactly limit permits per key for as long as a test runs
+// (nothing refills within forever while limit is at most relUnreached).
 func relLimiters(t *testing.T, rdb redis.Scripter, limit int) []Limiter {
 	t.Helper()
-	var ls []Limiter
-	for _, a := range relAlgorithms() {
-		l, err := a.make(rdb, limit)
-		require.NoError(t, err, "constructing %s with limit %d", a.name, limit)
-		ls = append(ls, l)
-	}
-	return ls
+	return newLimiters(t, rdb, limit, forever)
 }
+
+// relUnreached is a limit no test reaches in its few seconds of load: any
+// denial would be a guess. Within forever it regains one permit every few
+// minutes.
+const relUnreached = 10_000
 
 // relCall is one AllowN(ctx, key, 1) made under load.
 type relCall struct {
@@ -228,9 +207,8 @@ func relRequireNoPhantoms(t *testing.T, calls []relCall, limit int, used map[rel
 			allowed[k] = append(allowed[k], c.res.Remaining)
 		}
 	}
-	algs := relAlgorithms()
 	for k, remaining := range allowed {
-		name := algs[k.alg].name
+		name := algorithms[k.alg].name
 		slices.Sort(remaining)
 		for i := 1; i < len(remaining); i++ {
 			require.NotEqual(t, remaining[i-1], remaining[i],
@@ -499,7 +477,7 @@ func TestReliabilityScriptFlush(t *testing.T) {
 	t.Cleanup(func() { admin.Close() })
 	ctx := context.Background()
 
-	const clients, perClient, keys, limit = 3, 4, 50, 1_000_000
+	const clients, perClient, keys, limit = 3, 4, 50, relUnreached
 	var sets [][]Limiter
 	for _, rdb := range relClients(t, clients, srv.Addr(), nil) {
 		sets = append(sets, relLimiters(t, rdb, limit))
@@ -527,13 +505,13 @@ func TestReliabilityScriptFlush(t *testing.T) {
 	for _, set := range sets {
 		for alg, l := range set {
 			_, err := l.Allow(ctx, "flush:after")
-			require.NoError(t, err, "%s after the flush", relAlgorithms()[alg].name)
+			require.NoError(t, err, "%s after the flush", algorithms[alg].name)
 		}
 	}
 	require.Equal(t, evals, relCommandCalls(t, admin, "eval"), "after the flush every limiter must be back on EVALSHA")
 
 	for alg, l := range sets[0] {
-		name := relAlgorithms()[alg].name
+		name := algorithms[alg].name
 		require.NoError(t, admin.ScriptFlush(ctx).Err())
 		evals, evalshas := relCommandCalls(t, admin, "eval"), relCommandCalls(t, admin, "evalsha")
 		_, err := l.Allow(ctx, "flush:serial")
@@ -599,7 +577,7 @@ func TestReliabilityReplicaPromotion(t *testing.T) {
 
 	// Limits are never reached: every call writes, so the writes in flight
 	// at the crash are as many as the load can make.
-	const clients, perClient, keys, limit = 3, 4, 20, 1_000_000
+	const clients, perClient, keys, limit = 3, 4, 20, relUnreached
 	var target atomic.Pointer[string]
 	primaryAddr, replicaAddr := primary.Addr(), replica.Addr()
 	target.Store(&primaryAddr)
@@ -673,7 +651,7 @@ func TestReliabilityReplicaPromotion(t *testing.T) {
 		total += grantedBefore[k]
 		// On the new primary nothing may be lost: every grant reported there is counted.
 		require.LessOrEqual(t, grantedAfter[k], final[k]-atPromotion[k],
-			"%s key %q: %d grants reported by the new primary, %d counted", relAlgorithms()[k.alg].name, k.key, grantedAfter[k], final[k]-atPromotion[k])
+			"%s key %q: %d grants reported by the new primary, %d counted", algorithms[k.alg].name, k.key, grantedAfter[k], final[k]-atPromotion[k])
 	}
 	t.Logf("failover: %d grants reported by the old primary; %d of them (on %d of %d keys) missing on the new primary (not yet replicated: over-admission); %d counted but never reported; first grant on the new primary %v after promotion",
 		total, forgotten, forgottenKeys, len(all), unreported, firstOK)
@@ -706,10 +684,15 @@ func TestReliabilityReplicaPromotion(t *testing.T) {
 // the limiter keys that lost their state (each one lets a whole limit
 // through again). Hot keys are hit all along; idle ones were filled and
 // then left alone, as a user who was denied and went away.
+//
+// Unlike the other tests here it measures no time and keeps go-redis's
+// logger, so it runs in parallel.
 func TestReliabilityMaxmemory(t *testing.T) {
+	t.Parallel()
 	relSkipShort(t)
 	for _, policy := range []string{"allkeys-lru", "volatile-lru", "noeviction"} {
 		t.Run(policy, func(t *testing.T) {
+			t.Parallel()
 			relEviction(t, policy)
 		})
 	}
@@ -889,7 +872,7 @@ func TestReliabilityClusterMasterDown(t *testing.T) {
 			MaintNotificationsConfig: o.MaintNotificationsConfig,
 		}
 	}
-	const clients, perClient, keys, limit = 3, 4, 60, 1_000_000
+	const clients, perClient, keys, limit = 3, 4, 60, relUnreached
 	var sets [][]Limiter
 	for range clients {
 		rdb := redis.NewClusterClient(opts())
@@ -982,7 +965,7 @@ func TestReliabilityNetworkLatency(t *testing.T) {
 	t.Cleanup(func() { require.NoError(t, proxy.Close()) })
 
 	// Limits no test phase reaches: any denial would be a guess.
-	const clients, perClient, keys, limit = 3, 4, 30, 1_000_000
+	const clients, perClient, keys, limit = 3, 4, 30, relUnreached
 	var sets [][]Limiter
 	for _, rdb := range relClients(t, clients, proxy.Addr(), nil) {
 		sets = append(sets, relLimiters(t, rdb, limit))

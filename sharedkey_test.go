@@ -508,6 +508,7 @@ func sharedKeySeed(t *testing.T) uint64 {
 //
 // Subtests are named by algorithm: -run 'TestSharedKeyNeverExceedsLooser/token_bucket'.
 func TestSharedKeyNeverExceedsLooser(t *testing.T) {
+	t.Parallel()
 	seed := sharedKeySeed(t)
 	t.Logf("seed %d (%s=%d repeats this run)", seed, sharedKeySeedEnv, seed)
 	for ai, alg := range sharedAlgorithms {

@@ -146,6 +146,7 @@ func pairViolation(grants []pairGrant, periods []time.Duration, bound func(time.
 // next to one of 3 granted 8,642 (34 alone), and a sliding window of 2 per
 // 12s next to 4 per 16s granted 5 in 16s (4 alone).
 func TestSharedKeyUnorderedPairs(t *testing.T) {
+	t.Parallel()
 	const (
 		pairs = 8
 		steps = 400
@@ -172,7 +173,7 @@ func TestSharedKeyUnorderedPairs(t *testing.T) {
 					}
 					bound := func(T time.Duration) int { return max(cfgs[0].bound(T), cfgs[1].bound(T)) }
 					for mode, who := range []string{"A alone", "B alone", "alternating", "random"} {
-						clock := &fakeClock{now: epoch}
+						clock := newClock()
 						prefix := fmt.Sprintf("p8:%s:%d:%d:", alg, p, mode)
 						var ls [2]Limiter
 						for i, c := range cfgs {
@@ -237,6 +238,7 @@ func TestSharedKeyUnorderedPairs(t *testing.T) {
 // property 8). Before, each checked only its own, and 2 per 12s next to
 // 4 per 16s granted 5 in 12s where either alone grants at most 4.
 func TestSharedKeySlidingAnyPair(t *testing.T) {
+	t.Parallel()
 	seed := sharedKeySeed(t)
 	t.Logf("seed %d (%s=%d repeats this run)", seed, sharedKeySeedEnv, seed)
 	draw := func(rng *rand.Rand) (string, sharedConfig) {
@@ -296,6 +298,7 @@ func TestSharedKeySlidingAnyPair(t *testing.T) {
 // error: its buckets keep counting, its strategies give way to the
 // caller's.
 func TestSlidingReadsPreviousFormat(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	b := epoch.Unix() // bucket index at a precision of 1s
 	for _, tc := range []struct {
@@ -313,7 +316,8 @@ func TestSlidingReadsPreviousFormat(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, be backend) {
-				clock := &fakeClock{now: epoch.Add(500 * time.Millisecond)}
+				clock := newClock()
+				clock.Advance(500 * time.Millisecond)
 				l, err := tc.make(be.rdb, WithPrefix("fmt2:"), WithClock(clock.Now))
 				require.NoError(t, err)
 				key := l.(interface{ RedisKey(string) string }).RedisKey("k")
@@ -335,6 +339,7 @@ func TestSlidingReadsPreviousFormat(t *testing.T) {
 // one Lua pattern can capture (32), which the script parses field by field:
 // the decisions stay the reference model's.
 func TestSlidingLogManyStrategies(t *testing.T) {
+	t.Parallel()
 	precision := time.Second
 	var strategies []Strategy
 	var limits, windows []int64
@@ -345,7 +350,7 @@ func TestSlidingLogManyStrategies(t *testing.T) {
 	}
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		clock := &fakeClock{now: epoch}
+		clock := newClock()
 		l, err := NewSlidingLog(b.rdb, precision, strategies, WithClock(clock.Now))
 		require.NoError(t, err)
 		m := model.NewSlidingLog(precision.Microseconds(), limits, windows)

@@ -21,92 +21,88 @@ import (
 // soakEnv holds how long TestSoak runs ("60s"); unset, it is skipped.
 const soakEnv = "REDLIMIT_SOAK"
 
-// soakLimiter is one limiter of the soak test and what it may grant.
+// soakLimiter is one limiter of the soak test: alg.new(rdb, limit, period,
+// opts...).
 type soakLimiter struct {
-	name string
-	make func(rdb redis.Scripter) (Limiter, error)
-	// bound is the most permits the limiter may grant one key in any
-	// interval of d on the server's clock.
-	bound func(d time.Duration) int
-	// spans are the interval lengths checked, besides the whole run.
-	spans []time.Duration
-	// ttl is the longest a key may live after its last call.
-	ttl time.Duration
+	name   string
+	alg    algorithm
+	limit  int
+	period time.Duration
+	opts   []Option
+}
+
+func (s soakLimiter) make(rdb redis.Scripter) (Limiter, error) {
+	return s.alg.new(rdb, s.limit, s.period, s.opts...)
 }
 
 // soakCeilDiv is ceil(a / b) for durations a >= 0, b > 0.
 func soakCeilDiv(a, b time.Duration) int { return int((a + b - 1) / b) }
 
-// soakRate is the most a bucket of capacity refilled (or drained) at count
-// per per grants in d: a full bucket, plus what d brings.
-func soakRate(capacity, count int, per time.Duration) func(time.Duration) int {
-	return func(d time.Duration) int { return capacity + int(int64(d)*int64(count)/int64(per)) }
+// windows returns the limiter's windows and their limits (the registry's:
+// the sliding log adds 2×limit per 10×period), for the windowed algorithms.
+func (s soakLimiter) windows() (limits []int, windows []time.Duration) {
+	if s.alg.name == "sliding_log" {
+		return []int{s.limit, 2 * s.limit}, []time.Duration{s.period, 10 * s.period}
+	}
+	return []int{s.limit}, []time.Duration{s.period}
+}
+
+// bound is the most permits the limiter may grant one key in any interval
+// of d on the server's clock.
+func (s soakLimiter) bound(d time.Duration) int {
+	switch s.alg.name {
+	case "fixed_window":
+		// An interval meets at most ceil(d/W)+1 windows.
+		return s.limit * (soakCeilDiv(d, s.period) + 1)
+	case "sliding_window", "sliding_log":
+		// Two grants less than W-P apart fall in one window of buckets.
+		limits, windows := s.windows()
+		most := -1
+		for i, w := range windows {
+			if n := limits[i] * soakCeilDiv(d, w-s.period/10); most < 0 || n < most {
+				most = n
+			}
+		}
+		return most
+	default:
+		// A full bucket, plus what d brings.
+		return s.limit + int(int64(d)*int64(s.limit)/int64(s.period))
+	}
+}
+
+// spans are the interval lengths checked, besides the whole run.
+func (s soakLimiter) spans() []time.Duration {
+	switch s.alg.name {
+	case "fixed_window":
+		return []time.Duration{s.period}
+	case "sliding_window", "sliding_log":
+		_, windows := s.windows()
+		var spans []time.Duration
+		for _, w := range windows {
+			spans = append(spans, w-s.period/10)
+		}
+		return spans
+	default:
+		return []time.Duration{100 * time.Millisecond, time.Second}
+	}
 }
 
 // soakLimiters use short windows and rates, so that keys expire within a
-// second or two of the end.
+// few seconds of the end (a key lives at most a recovery after its last
+// call).
 func soakLimiters() []soakLimiter {
-	const fwLimit, fwWindow = 10, 300 * time.Millisecond
-	const swLimit, swWindow, swPrecision = 10, 500 * time.Millisecond, 50 * time.Millisecond
-	const slPrecision = 50 * time.Millisecond
-	slStrategies := []Strategy{{Limit: 5, Window: 200 * time.Millisecond}, {Limit: 12, Window: time.Second}}
+	byName := map[string]algorithm{}
+	for _, a := range algorithms {
+		byName[a.name] = a
+	}
 	return []soakLimiter{
-		{
-			name: "fixed_window",
-			make: func(rdb redis.Scripter) (Limiter, error) { return NewFixedWindow(rdb, fwLimit, fwWindow) },
-			// An interval meets at most ceil(d/W)+1 windows.
-			bound: func(d time.Duration) int { return fwLimit * (soakCeilDiv(d, fwWindow) + 1) },
-			spans: []time.Duration{fwWindow},
-			ttl:   fwWindow,
-		},
-		{
-			name: "sliding_window",
-			make: func(rdb redis.Scripter) (Limiter, error) {
-				return NewSlidingWindow(rdb, swLimit, swWindow, swPrecision)
-			},
-			// Two grants less than W-P apart fall in one window of buckets.
-			bound: func(d time.Duration) int { return swLimit * soakCeilDiv(d, swWindow-swPrecision) },
-			spans: []time.Duration{swWindow - swPrecision},
-			ttl:   swWindow,
-		},
-		{
-			name: "sliding_log",
-			make: func(rdb redis.Scripter) (Limiter, error) { return NewSlidingLog(rdb, slPrecision, slStrategies) },
-			bound: func(d time.Duration) int {
-				b := -1
-				for _, s := range slStrategies {
-					if n := s.Limit * soakCeilDiv(d, s.Window-slPrecision); b < 0 || n < b {
-						b = n
-					}
-				}
-				return b
-			},
-			spans: []time.Duration{slStrategies[0].Window - slPrecision, slStrategies[1].Window - slPrecision},
-			ttl:   slStrategies[1].Window,
-		},
-		{
-			name:  "leaky_bucket",
-			make:  func(rdb redis.Scripter) (Limiter, error) { return NewLeakyBucket(rdb, 10, PerSecond(20)) },
-			bound: soakRate(10, 20, time.Second),
-			spans: []time.Duration{100 * time.Millisecond, time.Second},
-			ttl:   time.Second / 2,
-		},
-		{
-			name:  "token_bucket",
-			make:  func(rdb redis.Scripter) (Limiter, error) { return NewTokenBucket(rdb, 10, PerSecond(20)) },
-			bound: soakRate(10, 20, time.Second),
-			spans: []time.Duration{100 * time.Millisecond, time.Second},
-			ttl:   time.Second / 2,
-		},
-		{
-			name: "token_bucket+deny_cache",
-			make: func(rdb redis.Scripter) (Limiter, error) {
-				return NewTokenBucket(rdb, 5, PerSecond(7), WithPrefix("soak:tbdc:"), WithDenyCache(1000))
-			},
-			bound: soakRate(5, 7, time.Second),
-			spans: []time.Duration{100 * time.Millisecond, time.Second},
-			ttl:   time.Second * 5 / 7,
-		},
+		{name: "fixed_window", alg: byName["fixed_window"], limit: 10, period: 300 * time.Millisecond},
+		{name: "sliding_window", alg: byName["sliding_window"], limit: 10, period: 500 * time.Millisecond},
+		{name: "sliding_log", alg: byName["sliding_log"], limit: 5, period: 200 * time.Millisecond},
+		{name: "leaky_bucket", alg: byName["leaky_bucket"], limit: 10, period: 500 * time.Millisecond},
+		{name: "token_bucket", alg: byName["token_bucket"], limit: 10, period: 500 * time.Millisecond},
+		{name: "token_bucket+deny_cache", alg: byName["token_bucket"], limit: 7, period: time.Second,
+			opts: []Option{WithPrefix("soak:tbdc:"), WithDenyCache(1000)}},
 	}
 }
 
@@ -281,7 +277,7 @@ func TestSoak(t *testing.T) {
 			keys++
 			slices.SortFunc(grants, func(a, b soakGrant) int { return cmp.Compare(a.start, b.start) })
 			whole := time.Duration(grants[len(grants)-1].end-grants[0].start) + 1
-			for _, span := range append(slices.Clone(s.spans), whole) {
+			for _, span := range append(s.spans(), whole) {
 				most, at := soakMostIn(grants, span)
 				checks++
 				require.LessOrEqual(t, most, s.bound(span),
@@ -301,7 +297,7 @@ func TestSoak(t *testing.T) {
 	// Every TTL passes, and Redis forgets everything.
 	var longest time.Duration
 	for _, s := range specs {
-		longest = max(longest, s.ttl)
+		longest = max(longest, s.alg.recovery(s.period))
 	}
 	time.Sleep(longest)
 	deadline := time.Now().Add(10 * time.Second)

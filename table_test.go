@@ -30,7 +30,7 @@ func (s step) String() string {
 func runSteps(t *testing.T, mk func(rdb redis.Scripter, opts ...Option) (Limiter, error), steps []step) {
 	t.Helper()
 	forEachBackend(t, func(t *testing.T, b backend) {
-		clock := &fakeClock{now: epoch}
+		clock := newClock()
 		l, err := mk(b.rdb, WithClock(clock.Now))
 		require.NoError(t, err)
 		ctx := context.Background()
@@ -44,10 +44,8 @@ func runSteps(t *testing.T, mk func(rdb redis.Scripter, opts ...Option) (Limiter
 	})
 }
 
-const us = time.Microsecond
-const ms = time.Millisecond
-
 func TestFixedWindowTable(t *testing.T) {
+	t.Parallel()
 	runSteps(t, func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
 		return NewFixedWindow(rdb, 3, time.Second, opts...)
 	}, []step{
@@ -72,6 +70,7 @@ func TestFixedWindowTable(t *testing.T) {
 }
 
 func TestSlidingWindowTable(t *testing.T) {
+	t.Parallel()
 	// Buckets of 100ms aligned to the Unix epoch (epoch is a multiple of 100ms).
 	runSteps(t, func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
 		return NewSlidingWindow(rdb, 3, time.Second, 100*ms, opts...)
@@ -91,6 +90,7 @@ func TestSlidingWindowTable(t *testing.T) {
 }
 
 func TestSlidingLogTable(t *testing.T) {
+	t.Parallel()
 	runSteps(t, func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
 		return NewSlidingLog(rdb, 100*ms, []Strategy{{Limit: 3, Window: 10 * time.Second}, {Limit: 2, Window: time.Second}}, opts...)
 	}, []step{
@@ -124,12 +124,14 @@ var bucketSteps = []step{
 }
 
 func TestLeakyBucketTable(t *testing.T) {
+	t.Parallel()
 	runSteps(t, func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
 		return NewLeakyBucket(rdb, 3, PerSecond(3), opts...)
 	}, bucketSteps)
 }
 
 func TestTokenBucketTable(t *testing.T) {
+	t.Parallel()
 	runSteps(t, func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
 		return NewTokenBucket(rdb, 3, PerSecond(3), opts...)
 	}, bucketSteps)

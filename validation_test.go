@@ -28,12 +28,13 @@ var (
 const maxValidMicros = (1 << 44) * time.Microsecond
 
 func TestValidConfigRejected(t *testing.T) {
+	t.Parallel()
 	// No client is needed to reject a configuration: a nil one would be
 	// reported after the bad argument, and a real one must not be touched.
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { rdb.Close() })
-	cmds := &commandLog{}
+	cmds := &commandRecorder{}
 	rdb.AddHook(cmds)
 
 	type newFunc func() error
@@ -140,20 +141,20 @@ func TestValidConfigRejected(t *testing.T) {
 		{"WithDenyCache(-1)", []Option{WithDenyCache(-1)}, []string{"deny cache size -1"}},
 		{"nil Option", []Option{WithPrefix("x:"), nil}, []string{"nil Option"}},
 	} {
-		for _, alg := range faultAlgs() {
+		for _, alg := range algorithms {
 			cases = append(cases, struct {
 				name string
 				new  newFunc
 				want []string
-			}{alg.name + "/" + o.name, func() error { _, err := alg.make(rdb, o.opts...); return err }, o.want})
+			}{alg.name + "/" + o.name, func() error { _, err := alg.new(rdb, 4, time.Second, o.opts...); return err }, o.want})
 		}
 	}
-	for _, alg := range faultAlgs() {
+	for _, alg := range algorithms {
 		cases = append(cases, struct {
 			name string
 			new  newFunc
 			want []string
-		}{alg.name + "/nil client", func() error { _, err := alg.make(nil); return err }, []string{"nil"}})
+		}{alg.name + "/nil client", func() error { _, err := alg.new(nil, 4, time.Second); return err }, []string{"nil"}})
 	}
 
 	for _, c := range cases {
@@ -174,12 +175,13 @@ func TestValidConfigRejected(t *testing.T) {
 // nil client as an untyped nil: it must be rejected, not panic at the first
 // call.
 func TestValidTypedNilClient(t *testing.T) {
-	for _, alg := range faultAlgs() {
+	t.Parallel()
+	for _, alg := range algorithms {
 		t.Run(alg.name, func(t *testing.T) {
 			var nilClient *redis.Client
 			var l Limiter
 			var err error
-			require.NotPanics(t, func() { l, err = alg.make(nilClient) })
+			require.NotPanics(t, func() { l, err = alg.new(nilClient, 4, time.Second) })
 			if err == nil {
 				var callErr error
 				panicked := false
@@ -200,13 +202,14 @@ func TestValidTypedNilClient(t *testing.T) {
 }
 
 func TestValidArgumentsRejectedWithoutRedis(t *testing.T) {
+	t.Parallel()
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { rdb.Close() })
-	cmds := &commandLog{}
+	cmds := &commandRecorder{}
 	rdb.AddHook(cmds)
 	ctx := context.Background()
-	for _, alg := range faultAlgs() {
+	for _, alg := range algorithms {
 		for _, cache := range []bool{false, true} {
 			name := alg.name
 			opts := []Option{WithPrefix("")} // an empty prefix must not make "" a key
@@ -215,7 +218,7 @@ func TestValidArgumentsRejectedWithoutRedis(t *testing.T) {
 				opts = append(opts, WithDenyCache(4))
 			}
 			t.Run(name, func(t *testing.T) {
-				l, err := alg.make(rdb, opts...)
+				l, err := alg.new(rdb, 4, time.Second, opts...)
 				require.NoError(t, err)
 				calls := []struct {
 					name string
@@ -238,10 +241,7 @@ func TestValidArgumentsRejectedWithoutRedis(t *testing.T) {
 					require.Contains(t, err.Error(), c.want, "%s: the message must name the problem", c.name)
 				}
 				require.Empty(t, cmds.take(), "invalid arguments must never reach Redis")
-				cmds.mu.Lock()
-				dials := cmds.dials
-				cmds.mu.Unlock()
-				require.Zero(t, dials, "invalid arguments must not even open a connection")
+				require.Zero(t, cmds.dialed(), "invalid arguments must not even open a connection")
 			})
 		}
 	}
@@ -254,6 +254,7 @@ func TestValidArgumentsRejectedWithoutRedis(t *testing.T) {
 }
 
 func TestValidEdgeConfigs(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name      string
 		make      func(rdb redis.Scripter, opts ...Option) (Limiter, error)
@@ -302,7 +303,7 @@ func TestValidEdgeConfigs(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
 				ctx := context.Background()
-				clock := &fakeClock{now: epoch}
+				clock := newClock()
 				l, err := c.make(b.rdb, WithClock(clock.Now), WithDenyCache(1), WithPrefix("edge:"), WithObserver(nil))
 				require.NoError(t, err, "a valid configuration must construct")
 				start := time.Now()

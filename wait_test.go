@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
 
@@ -55,49 +54,40 @@ func (l *scriptedLimiter) callCount() int {
 	return l.calls
 }
 
-// realTimeTokenBucket is a token bucket of capacity 1 on miniredis, whose
-// TIME is real time: a limiter Wait can really wait for.
-func realTimeTokenBucket(t *testing.T, refill Rate) Limiter {
+// clockedTokenBucket is a token bucket on miniredis and a fake clock, and
+// fake timers that move that clock: waitN with timers.newTimer waits for the
+// bucket without sleeping.
+func clockedTokenBucket(t *testing.T, capacity int, refill Rate) (Limiter, *fakeTimers) {
 	t.Helper()
-	return realTimeTokenBucketOf(t, 1, refill)
-}
-
-func realTimeTokenBucketOf(t *testing.T, capacity int, refill Rate) Limiter {
-	t.Helper()
-	m := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	l, err := NewTokenBucket(rdb, capacity, refill)
+	timers := &fakeTimers{clock: newClock()}
+	l, err := NewTokenBucket(newClient(t, miniredis.RunT(t).Addr(), 0), capacity, refill, WithClock(timers.clock.Now))
 	require.NoError(t, err)
-	return l
+	return l, timers
 }
 
 func TestWaitAllowedAtOnce(t *testing.T) {
-	l := realTimeTokenBucket(t, PerMinute(1))
-	start := time.Now()
-	require.NoError(t, Wait(context.Background(), l, "k"), "a fresh key should be allowed")
-	require.Less(t, time.Since(start), 100*time.Millisecond, "an allowed request should not wait")
+	t.Parallel()
+	l, timers := clockedTokenBucket(t, 1, PerMinute(1))
+	require.NoError(t, waitN(context.Background(), l, "k", 1, timers.newTimer), "a fresh key should be allowed")
+	require.Empty(t, timers.slept, "an allowed request should not wait")
 	r, err := l.Allow(context.Background(), "k")
 	require.NoError(t, err)
 	require.False(t, r.Allowed, "Wait should have taken the only permit")
 }
 
 func TestWaitUntilAllowed(t *testing.T) {
-	l := realTimeTokenBucket(t, PerSecond(20)) // one token every 50ms
+	t.Parallel()
+	l, timers := clockedTokenBucket(t, 1, PerSecond(20)) // one token every 50ms
 	ctx := context.Background()
 	require.NoError(t, l.TryAcquire(ctx, "k"), "take the only token")
-	start := time.Now()
+	timers.clock.Advance(10 * time.Millisecond)
 	r, err := l.Allow(ctx, "k")
 	require.NoError(t, err)
 	require.False(t, r.Allowed, "the bucket is empty")
-	require.Positive(t, r.RetryAfter, "a denial says how long to wait")
+	require.Equal(t, 40*time.Millisecond, r.RetryAfter, "a denial says how long to wait")
 
-	require.NoError(t, Wait(ctx, l, "k"), "Wait should return once the token is back")
-	waited := time.Since(start)
-	// The server's clock and ours are one clock here: the token cannot be
-	// back before RetryAfter has passed since the probe.
-	require.GreaterOrEqual(t, waited, r.RetryAfter-time.Millisecond, "Wait should not return before RetryAfter")
-	require.Less(t, waited, r.RetryAfter+time.Second, "Wait should return soon after RetryAfter")
+	require.NoError(t, waitN(ctx, l, "k", 1, timers.newTimer), "Wait should return once the token is back")
+	require.Equal(t, []time.Duration{r.RetryAfter}, timers.slept, "Wait should wait RetryAfter, once, and then be allowed")
 	r, err = l.Allow(ctx, "k")
 	require.NoError(t, err)
 	require.False(t, r.Allowed, "Wait should have taken the token it waited for")
@@ -108,12 +98,16 @@ func TestWaitUntilAllowed(t *testing.T) {
 type fakeTimers struct {
 	mu    sync.Mutex
 	slept []time.Duration
+	clock *fakeClock // when set, each timer advances it by its duration
 }
 
 func (f *fakeTimers) newTimer(d time.Duration) (<-chan time.Time, func() bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.slept = append(f.slept, d)
+	if f.clock != nil {
+		f.clock.Advance(d)
+	}
 	c := make(chan time.Time, 1)
 	c <- time.Time{}
 	return c, func() bool { return false }
@@ -125,6 +119,7 @@ func blockingTimer(time.Duration) (<-chan time.Time, func() bool) {
 }
 
 func TestWaitRetriesUntilAllowed(t *testing.T) {
+	t.Parallel()
 	l := &scriptedLimiter{replies: []scriptedReply{
 		{result: Result{Limit: 5, RetryAfter: 10 * time.Millisecond}},
 		{result: Result{Limit: 5, RetryAfter: 7 * time.Millisecond}},
@@ -138,7 +133,8 @@ func TestWaitRetriesUntilAllowed(t *testing.T) {
 }
 
 func TestWaitNTakesNPermits(t *testing.T) {
-	l := realTimeTokenBucketOf(t, 5, PerMinute(1))
+	t.Parallel()
+	l, _ := clockedTokenBucket(t, 5, PerMinute(1))
 	ctx := context.Background()
 	require.NoError(t, WaitN(ctx, l, "k", 4), "4 of 5 tokens are there")
 	r, err := l.AllowN(ctx, "k", 0)
@@ -155,6 +151,7 @@ func TestWaitNTakesNPermits(t *testing.T) {
 }
 
 func TestWaitCancelled(t *testing.T) {
+	t.Parallel()
 	l := &scriptedLimiter{replies: []scriptedReply{{result: Result{Limit: 1, RetryAfter: time.Minute}}}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -166,6 +163,7 @@ func TestWaitCancelled(t *testing.T) {
 }
 
 func TestWaitCancelledBefore(t *testing.T) {
+	t.Parallel()
 	l := &scriptedLimiter{replies: []scriptedReply{{result: Result{Limit: 1, RetryAfter: time.Hour}}}}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -173,7 +171,8 @@ func TestWaitCancelledBefore(t *testing.T) {
 }
 
 func TestWaitDeadlineBeforeRetryAfter(t *testing.T) {
-	l := realTimeTokenBucket(t, PerMinute(1))
+	t.Parallel()
+	l, _ := clockedTokenBucket(t, 1, PerMinute(1))
 	require.NoError(t, l.TryAcquire(context.Background(), "k"), "take the only token: a minute to wait")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -185,6 +184,7 @@ func TestWaitDeadlineBeforeRetryAfter(t *testing.T) {
 }
 
 func TestWaitDeadlineWhileWaiting(t *testing.T) {
+	t.Parallel()
 	// The RetryAfter fits before the deadline, but the deadline comes
 	// while Wait sleeps.
 	l := &scriptedLimiter{replies: []scriptedReply{{result: Result{Limit: 1, RetryAfter: time.Millisecond}}}}
@@ -196,6 +196,7 @@ func TestWaitDeadlineWhileWaiting(t *testing.T) {
 }
 
 func TestWaitNever(t *testing.T) {
+	t.Parallel()
 	l := &scriptedLimiter{replies: []scriptedReply{{result: Result{Limit: 2, RetryAfter: Never}}}}
 	var timers fakeTimers
 	err := waitN(context.Background(), l, "k", 3, timers.newTimer)
@@ -208,6 +209,7 @@ func TestWaitNever(t *testing.T) {
 }
 
 func TestWaitError(t *testing.T) {
+	t.Parallel()
 	t.Run("returned as is", func(t *testing.T) {
 		redisDown := errors.New("redis: connection refused")
 		l := &scriptedLimiter{replies: []scriptedReply{{err: redisDown}}}
@@ -225,7 +227,7 @@ func TestWaitError(t *testing.T) {
 		require.Same(t, redisDown, waitN(context.Background(), l, "k", 1, timers.newTimer), "a failure to decide should be returned as is")
 	})
 	t.Run("Redis down", func(t *testing.T) {
-		l, err := NewTokenBucket(deadRedis(t), 1, PerSecond(1))
+		l, err := NewTokenBucket(deadRedis(t, "", 0), 1, PerSecond(1))
 		require.NoError(t, err)
 		start := time.Now()
 		err = Wait(context.Background(), l, "k")
@@ -234,7 +236,7 @@ func TestWaitError(t *testing.T) {
 		require.Less(t, time.Since(start), 5*time.Second, "Wait should not retry a failure")
 	})
 	t.Run("invalid key", func(t *testing.T) {
-		l := realTimeTokenBucket(t, PerSecond(1))
+		l, _ := clockedTokenBucket(t, 1, PerSecond(1))
 		require.ErrorIs(t, Wait(context.Background(), l, ""), ErrInvalidArgument, "an empty key is an invalid argument")
 	})
 }

@@ -34,11 +34,11 @@ const replyFields = 6
 // maxDurationUS is the longest duration, in µs, a time.Duration holds.
 const maxDurationUS = int64(1<<63-1) / int64(time.Microsecond)
 
-// ParseReply parses a script's reply: one bulk string of six space-separated
+// parseReply parses a script's reply: one bulk string of six space-separated
 // decimal integers. A single string costs one allocation in the client where
 // an array of integers costs one per element. Anything else is an error, never
 // a panic: the reply may come from a server or proxy that misbehaves.
-func ParseReply(v any) (Reply, error) {
+func parseReply(v any) (Reply, error) {
 	s, ok := v.(string)
 	if !ok {
 		return Reply{}, fmt.Errorf("unexpected script reply %T, want a string", v)

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// replyCases are ParseReply's table and FuzzParseReply's seed corpus.
+// replyCases are parseReply's table and FuzzParseReply's seed corpus.
 var replyCases = []struct {
 	name    string
 	in      any
@@ -92,15 +92,15 @@ func TestParseReply(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var got Reply
 			var err error
-			require.NotPanics(t, func() { got, err = ParseReply(tc.in) }, "ParseReply(%#v) must never panic", tc.in)
+			require.NotPanics(t, func() { got, err = parseReply(tc.in) }, "parseReply(%#v) must never panic", tc.in)
 			if tc.wantErr {
-				require.Error(t, err, "ParseReply(%#v) should reject the reply, got %+v", tc.in, got)
+				require.Error(t, err, "parseReply(%#v) should reject the reply, got %+v", tc.in, got)
 				require.Equal(t, Reply{}, got, "a rejected reply should come with a zero Reply")
 				require.NotContains(t, err.Error(), "redlimit:", "the engine prefixes redlimit: <algorithm>: once")
 				return
 			}
-			require.NoError(t, err, "ParseReply(%#v) should accept a valid reply", tc.in)
-			require.Equal(t, tc.want, got, "ParseReply(%#v)", tc.in)
+			require.NoError(t, err, "parseReply(%#v) should accept a valid reply", tc.in)
+			require.Equal(t, tc.want, got, "parseReply(%#v)", tc.in)
 			require.Equal(t, tc.in, formatReply(got), "a valid reply should re-format to itself")
 		})
 	}
@@ -122,7 +122,7 @@ func formatReply(r Reply) string {
 	return fmt.Sprintf("%d %d %d %d %d %d", allowed, r.Remaining, retryUS, int64(r.ResetAfter/time.Microsecond), r.Strategy, stableUS)
 }
 
-// FuzzParseReply checks that ParseReply never panics, and that whatever it
+// FuzzParseReply checks that parseReply never panics, and that whatever it
 // accepts is a reply a script could have written: in range, and written in
 // exactly one way.
 func FuzzParseReply(f *testing.F) {
@@ -132,16 +132,16 @@ func FuzzParseReply(f *testing.F) {
 		}
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		r, err := ParseReply(s)
+		r, err := parseReply(s)
 		if err != nil {
-			require.Equal(t, Reply{}, r, "ParseReply(%q) failed with a non-zero Reply", s)
+			require.Equal(t, Reply{}, r, "parseReply(%q) failed with a non-zero Reply", s)
 			return
 		}
-		require.GreaterOrEqual(t, r.Remaining, int64(0), "ParseReply(%q): Remaining must not be negative", s)
-		require.GreaterOrEqual(t, r.ResetAfter, time.Duration(0), "ParseReply(%q): ResetAfter must not be negative", s)
-		require.True(t, r.RetryAfter == Never || r.RetryAfter >= 0, "ParseReply(%q): RetryAfter %v must be Never or >= 0", s, r.RetryAfter)
-		require.True(t, !r.Allowed || r.RetryAfter == 0, "ParseReply(%q): allowed with RetryAfter %v, want 0", s, r.RetryAfter)
-		require.True(t, r.Strategy >= 0 && r.Strategy <= 1<<16, "ParseReply(%q): strategy %d out of range", s, r.Strategy)
-		require.Equal(t, s, formatReply(r), "ParseReply(%q) accepted a reply that does not re-format to itself", s)
+		require.GreaterOrEqual(t, r.Remaining, int64(0), "parseReply(%q): Remaining must not be negative", s)
+		require.GreaterOrEqual(t, r.ResetAfter, time.Duration(0), "parseReply(%q): ResetAfter must not be negative", s)
+		require.True(t, r.RetryAfter == Never || r.RetryAfter >= 0, "parseReply(%q): RetryAfter %v must be Never or >= 0", s, r.RetryAfter)
+		require.True(t, !r.Allowed || r.RetryAfter == 0, "parseReply(%q): allowed with RetryAfter %v, want 0", s, r.RetryAfter)
+		require.True(t, r.Strategy >= 0 && r.Strategy <= 1<<16, "parseReply(%q): strategy %d out of range", s, r.Strategy)
+		require.Equal(t, s, formatReply(r), "parseReply(%q) accepted a reply that does not re-format to itself", s)
 	})
 }

@@ -19,14 +19,19 @@
 package redistest
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // requireEnv is the environment variable that, set to "1", turns a missing
@@ -38,6 +43,19 @@ var (
 	sharedServer  *Server
 	sharedCluster *cluster
 )
+
+// sharedDatabases is how many databases the shared server has: enough for
+// every test of a binary that runs at once to hold one (see DB).
+const sharedDatabases = 256
+
+// freeDBs holds the numbers of the shared server's databases no test holds.
+var freeDBs = func() chan int {
+	c := make(chan int, sharedDatabases)
+	for db := 1; db < sharedDatabases; db++ { // 0 is left to Addr's users
+		c <- db
+	}
+	return c
+}()
 
 // Available reports whether redis-server is on PATH.
 func Available() bool {
@@ -70,9 +88,12 @@ func requireBinaries(tb testing.TB, names ...string) {
 }
 
 // Addr returns the address of a real redis-server shared by all tests of the
-// current test binary, starting it on first use. Tests sharing it should use
-// distinct keys and must not stop it or flush it. If the shared server has
-// died, a new one is started.
+// current test binary, starting it on first use. Tests sharing its database
+// 0 should use distinct keys and must not stop it or flush it; a test that
+// wants a database to itself calls DB. Server-wide commands (SCRIPT FLUSH,
+// CONFIG SET, INFO commandstats) reach every test: a test that needs them
+// starts its own server. If the shared server has died, a new one is
+// started.
 func Addr(tb testing.TB) string {
 	tb.Helper()
 	Require(tb)
@@ -85,13 +106,38 @@ func Addr(tb testing.TB) string {
 		sharedServer = nil
 	}
 	if sharedServer == nil {
-		s, err := startServer(nil, false)
+		s, err := startServer([]string{"--databases", strconv.Itoa(sharedDatabases)}, false)
 		if err != nil {
 			tb.Fatalf("redistest: shared server: %v", err)
 		}
 		sharedServer = s
 	}
 	return sharedServer.Addr()
+}
+
+// DB returns the address of the shared server (see Addr) and the number of
+// one of its databases that no other test holds until tb ends: the test may
+// write any key there and flush it, and tests holding databases of their own
+// may run in parallel. The database is empty when handed out; tb.Cleanup
+// flushes it and gives it back.
+func DB(tb testing.TB) (addr string, db int) {
+	tb.Helper()
+	addr = Addr(tb)
+	select {
+	case db = <-freeDBs:
+	case <-time.After(time.Minute):
+		tb.Fatalf("redistest: all %d databases of the shared server held for a minute", sharedDatabases-1)
+	}
+	tb.Cleanup(func() {
+		client := redis.NewClient(&redis.Options{Addr: addr, DB: db, DisableIdentity: true, MaxRetries: -1})
+		defer client.Close()
+		// A server restarted since (Addr restarts a dead one) is empty anyway.
+		if err := client.FlushDB(context.Background()).Err(); err != nil && Available() {
+			tb.Logf("redistest: flushing database %d: %v", db, err)
+		}
+		freeDBs <- db
+	})
+	return addr, db
 }
 
 // ClusterAddrs returns the seed addresses of a shared local 3-master Redis

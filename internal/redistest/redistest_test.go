@@ -2,12 +2,10 @@ package redistest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"reflect"
 	"runtime"
 	"strings"
 	"sync"
@@ -15,95 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 )
-
-// must holds minimal assertion helpers; testify's go.sum entries are not all
-// present in this module yet.
-var must = assertions{}
-
-type assertions struct{}
-
-func (assertions) NoError(t *testing.T, err error, msgAndArgs ...any) {
-	t.Helper()
-	if err != nil {
-		t.Fatalf("unexpected error: %v%s", err, extra(msgAndArgs))
-	}
-}
-
-func (assertions) Error(t *testing.T, err error, msgAndArgs ...any) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("expected an error%s", extra(msgAndArgs))
-	}
-}
-
-func (assertions) ErrorIs(t *testing.T, err, target error, msgAndArgs ...any) {
-	t.Helper()
-	if !errors.Is(err, target) {
-		t.Fatalf("error %v is not %v%s", err, target, extra(msgAndArgs))
-	}
-}
-
-func (assertions) Equal(t *testing.T, want, got any, msgAndArgs ...any) {
-	t.Helper()
-	if !reflect.DeepEqual(want, got) {
-		t.Fatalf("got %#v, want %#v%s", got, want, extra(msgAndArgs))
-	}
-}
-
-func (assertions) NotEqual(t *testing.T, notWant, got any, msgAndArgs ...any) {
-	t.Helper()
-	if reflect.DeepEqual(notWant, got) {
-		t.Fatalf("got %#v, want anything else%s", got, extra(msgAndArgs))
-	}
-}
-
-func (assertions) NotZero(t *testing.T, got int, msgAndArgs ...any) {
-	t.Helper()
-	if got == 0 {
-		t.Fatalf("got 0%s", extra(msgAndArgs))
-	}
-}
-
-func (assertions) True(t *testing.T, got bool, msgAndArgs ...any) {
-	t.Helper()
-	if !got {
-		t.Fatalf("got false, want true%s", extra(msgAndArgs))
-	}
-}
-
-func (assertions) False(t *testing.T, got bool, msgAndArgs ...any) {
-	t.Helper()
-	if got {
-		t.Fatalf("got true, want false%s", extra(msgAndArgs))
-	}
-}
-
-func (assertions) Contains(t *testing.T, s, sub string, msgAndArgs ...any) {
-	t.Helper()
-	if !strings.Contains(s, sub) {
-		t.Fatalf("%q does not contain %q%s", s, sub, extra(msgAndArgs))
-	}
-}
-
-func (assertions) Len(t *testing.T, n, want int, msgAndArgs ...any) {
-	t.Helper()
-	if n != want {
-		t.Fatalf("length %d, want %d%s", n, want, extra(msgAndArgs))
-	}
-}
-
-// extra formats testify-style trailing message arguments.
-func extra(msgAndArgs []any) string {
-	if len(msgAndArgs) == 0 {
-		return ""
-	}
-	format, ok := msgAndArgs[0].(string)
-	if !ok {
-		return fmt.Sprint(append([]any{": "}, msgAndArgs...)...)
-	}
-	return ": " + fmt.Sprintf(format, msgAndArgs[1:]...)
-}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
@@ -113,24 +24,24 @@ func TestMain(m *testing.M) {
 
 func TestAddr(t *testing.T) {
 	addr := Addr(t)
-	must.Equal(t, addr, Addr(t), "Addr must return the same shared server")
+	require.Equal(t, addr, Addr(t), "Addr must return the same shared server")
 
 	ctx := context.Background()
 	client := newClient(addr)
 	defer client.Close()
-	must.NoError(t, client.Ping(ctx).Err())
-	must.NoError(t, client.Set(ctx, "redistest:TestAddr", "v1", time.Minute).Err())
+	require.NoError(t, client.Ping(ctx).Err())
+	require.NoError(t, client.Set(ctx, "redistest:TestAddr", "v1", time.Minute).Err())
 	got, err := client.Get(ctx, "redistest:TestAddr").Result()
-	must.NoError(t, err)
-	must.Equal(t, "v1", got)
+	require.NoError(t, err)
+	require.Equal(t, "v1", got)
 
 	// No persistence configured.
 	save, err := client.ConfigGet(ctx, "save").Result()
-	must.NoError(t, err)
-	must.Equal(t, "", save["save"])
+	require.NoError(t, err)
+	require.Equal(t, "", save["save"])
 	aof, err := client.ConfigGet(ctx, "appendonly").Result()
-	must.NoError(t, err)
-	must.Equal(t, "no", aof["appendonly"])
+	require.NoError(t, err)
+	require.Equal(t, "no", aof["appendonly"])
 }
 
 func TestStartKillRestart(t *testing.T) {
@@ -140,59 +51,59 @@ func TestStartKillRestart(t *testing.T) {
 	defer func() { client.Close() }()
 
 	maxmemory, err := client.ConfigGet(ctx, "maxmemory").Result()
-	must.NoError(t, err)
-	must.Equal(t, "1048576", maxmemory["maxmemory"], "extra args must reach the server")
+	require.NoError(t, err)
+	require.Equal(t, "1048576", maxmemory["maxmemory"], "extra args must reach the server")
 
-	must.NoError(t, client.Set(ctx, "k", "v", 0).Err())
+	require.NoError(t, client.Set(ctx, "k", "v", 0).Err())
 	port, pid := s.Port(), s.Pid()
-	must.NotZero(t, pid)
-	must.Equal(t, fmt.Sprintf("127.0.0.1:%d", port), s.Addr())
+	require.NotZero(t, pid)
+	require.Equal(t, fmt.Sprintf("127.0.0.1:%d", port), s.Addr())
 
-	must.NoError(t, s.Kill())
-	must.Error(t, dialCheck(ctx, s.Addr()), "server must be down after Kill")
-	must.NoError(t, s.Kill(), "Kill of a dead server is a no-op")
+	require.NoError(t, s.Kill())
+	require.Error(t, dialCheck(ctx, s.Addr()), "server must be down after Kill")
+	require.NoError(t, s.Kill(), "Kill of a dead server is a no-op")
 
 	s.Restart(t)
 	// A go-redis pool whose dials failed keeps failing fast for about a
 	// second, so use a fresh client after a restart.
 	client.Close()
 	client = newClient(s.Addr())
-	must.Equal(t, port, s.Port())
-	must.NotEqual(t, pid, s.Pid())
-	must.NoError(t, client.Ping(ctx).Err())
-	must.ErrorIs(t, client.Get(ctx, "k").Err(), redis.Nil, "data must not survive a kill")
+	require.Equal(t, port, s.Port())
+	require.NotEqual(t, pid, s.Pid())
+	require.NoError(t, client.Ping(ctx).Err())
+	require.ErrorIs(t, client.Get(ctx, "k").Err(), redis.Nil, "data must not survive a kill")
 
 	// Graceful stop and restart work too.
-	must.NoError(t, client.Set(ctx, "k", "v", 0).Err())
-	must.NoError(t, s.Stop())
-	must.NoError(t, s.Stop(), "Stop of a stopped server is a no-op")
+	require.NoError(t, client.Set(ctx, "k", "v", 0).Err())
+	require.NoError(t, s.Stop())
+	require.NoError(t, s.Stop(), "Stop of a stopped server is a no-op")
 	s.Restart(t)
 	client.Close()
 	client = newClient(s.Addr())
-	must.ErrorIs(t, client.Get(ctx, "k").Err(), redis.Nil, "data must not survive a restart")
+	require.ErrorIs(t, client.Get(ctx, "k").Err(), redis.Nil, "data must not survive a restart")
 }
 
 func TestStartBadArgsReportsLog(t *testing.T) {
 	Require(t)
 	_, err := startServer([]string{"--no-such-option", "x"}, false)
-	must.Error(t, err)
-	must.Contains(t, err.Error(), "no-such-option", "error must quote the server log")
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "no-such-option", "error must quote the server log")
 }
 
 func TestClusterAddrs(t *testing.T) {
 	start := time.Now()
 	addrs := ClusterAddrs(t)
 	t.Logf("cluster ready after %v", time.Since(start))
-	must.Len(t, len(addrs), clusterMasters)
-	must.Equal(t, addrs, ClusterAddrs(t), "ClusterAddrs must return the same shared cluster")
+	require.Len(t, addrs, clusterMasters)
+	require.Equal(t, addrs, ClusterAddrs(t), "ClusterAddrs must return the same shared cluster")
 
 	ctx := context.Background()
 	for _, addr := range addrs {
 		node := newClient(addr)
 		info, err := node.ClusterInfo(ctx).Result()
 		node.Close()
-		must.NoError(t, err)
-		must.Contains(t, info, "cluster_state:ok", "node %s", addr)
+		require.NoError(t, err)
+		require.Contains(t, info, "cluster_state:ok", "node %s", addr)
 	}
 
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, DisableIdentity: true})
@@ -201,25 +112,25 @@ func TestClusterAddrs(t *testing.T) {
 	for i := range 50 {
 		key := fmt.Sprintf("redistest:TestClusterAddrs:%d", i)
 		value := fmt.Sprintf("v%d", i)
-		must.NoError(t, client.Set(ctx, key, value, time.Minute).Err())
+		require.NoError(t, client.Set(ctx, key, value, time.Minute).Err())
 		got, err := client.Get(ctx, key).Result()
-		must.NoError(t, err)
-		must.Equal(t, value, got)
+		require.NoError(t, err)
+		require.Equal(t, value, got)
 
 		slot, err := client.ClusterKeySlot(ctx, key).Result()
-		must.NoError(t, err)
-		must.Equal(t, int(slot), keySlot(key), "keySlot(%q)", key)
+		require.NoError(t, err)
+		require.Equal(t, int(slot), keySlot(key), "keySlot(%q)", key)
 		node, err := client.MasterForKey(ctx, key)
-		must.NoError(t, err)
+		require.NoError(t, err)
 		masters[node.Options().Addr] = true
 	}
-	must.Len(t, len(masters), clusterMasters, "50 keys must spread over all masters")
+	require.Len(t, masters, clusterMasters, "50 keys must spread over all masters")
 }
 
 func TestKeySlot(t *testing.T) {
-	must.Equal(t, uint16(0x31C3), crc16([]byte("123456789")))
-	must.Equal(t, keySlot("user1000"), keySlot("{user1000}.following"))
-	must.Equal(t, keySlot("{}x"), int(crc16([]byte("{}x")))%clusterSlots, "empty hash tag hashes the whole key")
+	require.Equal(t, uint16(0x31C3), crc16([]byte("123456789")))
+	require.Equal(t, keySlot("user1000"), keySlot("{user1000}.following"))
+	require.Equal(t, keySlot("{}x"), int(crc16([]byte("{}x")))%clusterSlots, "empty hash tag hashes the whole key")
 }
 
 // fakeTB records Skip and Fatal calls, ending the calling goroutine like the
@@ -253,7 +164,7 @@ func runFake(fn func(testing.TB)) *fakeTB {
 
 func TestRequireWithoutRedis(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
-	must.False(t, Available())
+	require.False(t, Available())
 
 	entryPoints := map[string]func(testing.TB){
 		"Require":      Require,
@@ -265,15 +176,15 @@ func TestRequireWithoutRedis(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Setenv(requireEnv, "")
 			f := runFake(fn)
-			must.True(t, f.skipped, "must skip")
-			must.False(t, f.failed)
-			must.Contains(t, f.msg, "redis-server not found")
+			require.True(t, f.skipped, "must skip")
+			require.False(t, f.failed)
+			require.Contains(t, f.msg, "redis-server not found")
 
 			t.Setenv(requireEnv, "1")
 			f = runFake(fn)
-			must.True(t, f.failed, "must fail with %s=1", requireEnv)
-			must.False(t, f.skipped)
-			must.Contains(t, f.msg, "redis-server not found")
+			require.True(t, f.failed, "must fail with %s=1", requireEnv)
+			require.False(t, f.skipped)
+			require.Contains(t, f.msg, "redis-server not found")
 		})
 	}
 }
@@ -283,14 +194,14 @@ func TestClusterRequiresRedisCli(t *testing.T) {
 	// A PATH with redis-server but not redis-cli.
 	dir := t.TempDir()
 	server, err := exec.LookPath("redis-server")
-	must.NoError(t, err)
-	must.NoError(t, os.Symlink(server, filepath.Join(dir, "redis-server")))
+	require.NoError(t, err)
+	require.NoError(t, os.Symlink(server, filepath.Join(dir, "redis-server")))
 	t.Setenv("PATH", dir)
 	t.Setenv(requireEnv, "")
 
 	f := runFake(func(tb testing.TB) { ClusterAddrs(tb) })
-	must.True(t, f.skipped)
-	must.Contains(t, f.msg, "redis-cli not found")
+	require.True(t, f.skipped)
+	require.Contains(t, f.msg, "redis-cli not found")
 }
 
 // The skip summary says how many, why, and what to do.

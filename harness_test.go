@@ -1,0 +1,329 @@
+package redlimit
+
+// The test harness of package redlimit, shared by every test file:
+//
+//   - algorithms, the registry of the five algorithms: a test of something
+//     every algorithm does loops over it (`for _, alg := range algorithms`)
+//     and builds each with alg.new(rdb, limit, period, opts...);
+//   - forEachBackend, which runs a test on miniredis and on a real
+//     redis-server, in parallel, each with keys of its own;
+//   - newClock, a fake clock for WithClock, starting at epoch;
+//   - commandRecorder, a go-redis hook recording the commands a client
+//     sends (decisions by key, NOSCRIPT answers, dials);
+//   - deadRedis, a client of a Redis that is not there.
+//
+// Tests that kill, stop or reconfigure a server start their own
+// (redistest.Start), and tests that measure time or change process-wide
+// state (loggers, SCRIPT FLUSH on a shared server) do not call t.Parallel:
+// go test runs them first, alone, before the parallel ones.
+
+import (
+	"context"
+	"net"
+	"os"
+	"runtime/debug"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	// miniredis runs gopher-lua, which builds a new Lua state for every
+	// script call: at the default GOGC, collecting them takes about half
+	// the CPU of the miniredis tests.
+	debug.SetGCPercent(400)
+	code := m.Run()
+	redistest.Shutdown()
+	os.Exit(code)
+}
+
+// Units of the step tables.
+const (
+	us = time.Microsecond
+	ms = time.Millisecond
+)
+
+// forever is the longest period every algorithm accepts (the sliding log's
+// second strategy is ten periods long): a limiter built with it regains
+// nothing while a test runs unless limit is in the hundreds of thousands.
+const forever = 20 * 24 * time.Hour
+
+// algorithm is one of the five algorithms as the tests build it.
+type algorithm struct {
+	name string // as Decision.Algorithm and error messages name it
+	code string // in default keys: redlimit:<code>:<config>:<key>
+	hash bool   // its state is a hash (the sliding algorithms), else a string
+	// new returns a limiter that grants a fresh key limit permits at once
+	// and regains them over period: a window of period (in buckets of
+	// period/10 for the sliding window and log; the log adds a second
+	// strategy of 2×limit per 10×period), or a bucket of capacity limit
+	// refilled (or drained) at limit per period.
+	new func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error)
+	// periods is how many periods a key takes from exhausted to fully
+	// available: see recovery.
+	periods int
+}
+
+// recovery is the time a limiter built with period takes from exhausted
+// (its burst granted at one instant) back to fully available.
+func (a algorithm) recovery(period time.Duration) time.Duration {
+	return time.Duration(a.periods) * period
+}
+
+// algorithms is the registry of the five algorithms.
+var algorithms = []algorithm{
+	{name: "fixed_window", code: "fw", periods: 1,
+		new: func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
+			return NewFixedWindow(rdb, limit, period, opts...)
+		}},
+	{name: "sliding_window", code: "sw", hash: true, periods: 1,
+		new: func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
+			return NewSlidingWindow(rdb, limit, period, period/10, opts...)
+		}},
+	{name: "sliding_log", code: "sl", hash: true, periods: 10,
+		new: func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
+			return NewSlidingLog(rdb, period/10, []Strategy{{Limit: limit, Window: period}, {Limit: 2 * limit, Window: 10 * period}}, opts...)
+		}},
+	{name: "leaky_bucket", code: "lb", periods: 1,
+		new: func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
+			return NewLeakyBucket(rdb, limit, Rate{Count: limit, Per: period}, opts...)
+		}},
+	{name: "token_bucket", code: "tb", periods: 1,
+		new: func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
+			return NewTokenBucket(rdb, limit, Rate{Count: limit, Per: period}, opts...)
+		}},
+}
+
+// newLimiters returns one limiter of every algorithm, in registry order,
+// each granting limit per period.
+func newLimiters(t testing.TB, rdb redis.Scripter, limit int, period time.Duration, opts ...Option) []Limiter {
+	t.Helper()
+	ls := make([]Limiter, len(algorithms))
+	for i, a := range algorithms {
+		l, err := a.new(rdb, limit, period, opts...)
+		require.NoError(t, err, "constructing %s with limit %d per %v", a.name, limit, period)
+		ls[i] = l
+	}
+	return ls
+}
+
+// keyPrefix returns l's Redis key prefix: WithPrefix's, or the default
+// redlimit:<code>:<config>:.
+func keyPrefix(l Limiter) string {
+	return l.(interface{ RedisKey(string) string }).RedisKey("")
+}
+
+// backend is a Redis server a script test runs on.
+type backend struct {
+	name string
+	rdb  *redis.Client
+	mini *miniredis.Miniredis // nil on a real server
+}
+
+// forEachBackend runs fn, as two parallel subtests, on a miniredis of its
+// own and on a database of its own on the real redis-server the test binary
+// shares (redistest.DB; skipped, or failed when REDLIMIT_REQUIRE_REDIS=1,
+// when redis-server is not on PATH). Every script behaviour is checked on
+// both. fn may write any key and fast-forward the miniredis: nothing else
+// sees them.
+func forEachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
+	t.Helper()
+	t.Run("miniredis", func(t *testing.T) {
+		t.Parallel()
+		m := miniredis.RunT(t)
+		fn(t, backend{name: "miniredis", rdb: newClient(t, m.Addr(), 0), mini: m})
+	})
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		addr, db := redistest.DB(t)
+		fn(t, backend{name: "redis", rdb: newClient(t, addr, db)})
+	})
+}
+
+// newClient returns a client of database db at addr, closed when t ends.
+func newClient(t testing.TB, addr string, db int) *redis.Client {
+	rdb := redis.NewClient(&redis.Options{Addr: addr, DB: db})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// deadRedis returns a client, closed when t ends, of a Redis that does not
+// answer: at addr (a killed server, a listener that never replies), or, when
+// addr is "", at a port of 127.0.0.1 where nothing listens. It dials once,
+// retries nothing and honours ctx deadlines; readTimeout bounds reads and
+// writes (0: 100ms).
+func deadRedis(t testing.TB, addr string, readTimeout time.Duration) *redis.Client {
+	t.Helper()
+	if addr == "" {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err, "find a free port")
+		addr = ln.Addr().String()
+		require.NoError(t, ln.Close())
+	}
+	if readTimeout == 0 {
+		readTimeout = 100 * time.Millisecond
+	}
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  addr,
+		DialTimeout:           100 * time.Millisecond,
+		DialerRetries:         1,
+		DialerRetryTimeout:    time.Millisecond,
+		ReadTimeout:           readTimeout,
+		WriteTimeout:          readTimeout,
+		MaxRetries:            -1,
+		ContextTimeoutEnabled: true,
+	})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// epoch is a round Unix time, a multiple of every precision the tests use,
+// so that bucket boundaries fall where the tables say.
+var epoch = time.Unix(1_800_000_000, 0)
+
+// fakeClock is a settable clock for WithClock. It is not safe for
+// concurrent use: a test moves it between calls.
+type fakeClock struct{ now time.Time }
+
+// newClock returns a fake clock reading epoch.
+func newClock() *fakeClock { return &fakeClock{now: epoch} }
+
+func (c *fakeClock) Now() time.Time          { return c.now }
+func (c *fakeClock) Advance(d time.Duration) { c.now = c.now.Add(d) }
+
+// commandRecorder is a go-redis hook (rdb.AddHook) that records every
+// command a client sends, pipelined or not, and counts its dials. It is
+// safe for concurrent use.
+type commandRecorder struct {
+	mu        sync.Mutex
+	cmds      []recordedCmd
+	decisions map[string]int // by Redis key, since the last take
+	dials     int
+	// afterReply, when set before the client is used, is called with each
+	// command once its reply has arrived and before the caller gets it.
+	afterReply func(c recordedCmd)
+}
+
+// recordedCmd is one command as the server answered it.
+type recordedCmd struct {
+	name     string // "evalsha", "eval", "script", "get", ...
+	key      string // KEYS[1] of an EVAL or EVALSHA
+	decision bool   // an EVAL or EVALSHA with ARGV: a decision (Reset's script has none)
+	noScript bool   // the server answered NOSCRIPT
+	err      error
+}
+
+// isNoScript reports whether err is a server's NOSCRIPT answer: an EVALSHA
+// of a script it does not hold.
+func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
+
+// add records c; r.mu is held.
+func (r *commandRecorder) add(c recordedCmd) {
+	r.cmds = append(r.cmds, c)
+	if c.decision && !c.noScript {
+		if r.decisions == nil {
+			r.decisions = map[string]int{}
+		}
+		r.decisions[c.key]++
+	}
+}
+
+func record(cmd redis.Cmder, err error) recordedCmd {
+	c := recordedCmd{name: cmd.Name(), noScript: isNoScript(err), err: err}
+	if args := cmd.Args(); (c.name == "evalsha" || c.name == "eval") && len(args) > 3 {
+		// EVALSHA sha numkeys key ARGV...
+		c.key, _ = args[3].(string)
+		c.decision = len(args) > 4
+	}
+	return c
+}
+
+func (r *commandRecorder) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		r.mu.Lock()
+		r.dials++
+		r.mu.Unlock()
+		return next(ctx, network, addr)
+	}
+}
+
+func (r *commandRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		c := record(cmd, err)
+		r.mu.Lock()
+		r.add(c)
+		r.mu.Unlock()
+		if r.afterReply != nil {
+			r.afterReply(c)
+		}
+		return err
+	}
+}
+
+func (r *commandRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		r.mu.Lock()
+		for _, cmd := range cmds {
+			r.add(record(cmd, cmd.Err()))
+		}
+		r.mu.Unlock()
+		return err
+	}
+}
+
+// take returns the commands recorded since the last take and forgets them.
+func (r *commandRecorder) take() []recordedCmd {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	cmds := r.cmds
+	r.cmds, r.decisions = nil, nil
+	return cmds
+}
+
+// names returns the names of the commands recorded since the last take and
+// forgets them.
+func (r *commandRecorder) names() []string {
+	var names []string
+	for _, c := range r.take() {
+		names = append(names, c.name)
+	}
+	return names
+}
+
+// decided returns how many decisions on the Redis key redisKey the server
+// made: EVALSHA and EVAL with ARGV, not counting NOSCRIPT answers (the EVAL
+// that follows one makes the decision), since the last take.
+func (r *commandRecorder) decided(redisKey string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.decisions[redisKey]
+}
+
+// scripts returns how many EVAL and EVALSHA commands were sent since the
+// last take, NOSCRIPT answers included.
+func (r *commandRecorder) scripts() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, c := range r.cmds {
+		if c.name == "eval" || c.name == "evalsha" {
+			n++
+		}
+	}
+	return n
+}
+
+// dialed returns how many connections the client has opened.
+func (r *commandRecorder) dialed() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.dials
+}
