@@ -494,6 +494,10 @@ local function decide_log(now, n, precision, limits, sizes, tag)
     end
     expire = (state.tail + state.keep) * P - now
   end
+  -- Another configuration's entry can deny past the time its window
+  -- empties (n above its limit, a log folded by a clock that went back):
+  -- the key is not fully available before a denial's retry.
+  if retry > reset then reset = retry end
   -- Remaining changes when the oldest bucket of a window leaves it (at
   -- once for a stale window: its cursor is behind), or another
   -- configuration's entry lapses.
