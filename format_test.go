@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -19,7 +20,7 @@ func TestStateFormat2StillRead(t *testing.T) {
 	now := epoch.UnixMicro() // 1800000000000000
 	cases := []struct {
 		name      string
-		make      func(rdb *fakeClock) func(b backend) (Limiter, error)
+		make      func(rdb redis.Scripter, opts ...Option) (Limiter, error)
 		value     string
 		ttl       time.Duration
 		remaining int
@@ -28,10 +29,8 @@ func TestStateFormat2StillRead(t *testing.T) {
 	}{
 		{
 			name: "fixed window, short form",
-			make: func(c *fakeClock) func(b backend) (Limiter, error) {
-				return func(b backend) (Limiter, error) {
-					return NewFixedWindow(b.rdb, 10, time.Minute, WithPrefix("fmt:"), WithClock(c.Now))
-				}
+			make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+				return NewFixedWindow(rdb, 10, time.Minute, opts...)
 			},
 			// count 4, window ends 30s from now, tag 3.
 			value: "418000000300000003", ttl: 30 * time.Second,
@@ -40,10 +39,8 @@ func TestStateFormat2StillRead(t *testing.T) {
 		},
 		{
 			name: "fixed window, form with the window's length",
-			make: func(c *fakeClock) func(b backend) (Limiter, error) {
-				return func(b backend) (Limiter, error) {
-					return NewFixedWindow(b.rdb, 10, time.Minute, WithPrefix("fmt:"), WithClock(c.Now))
-				}
+			make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+				return NewFixedWindow(rdb, 10, time.Minute, opts...)
 			},
 			value: "4 1800000030000000 60000000 3", ttl: 30 * time.Second,
 			remaining: 5, reset: 30 * time.Second,
@@ -51,10 +48,8 @@ func TestStateFormat2StillRead(t *testing.T) {
 		},
 		{
 			name: "leaky bucket, whole microseconds",
-			make: func(c *fakeClock) func(b backend) (Limiter, error) {
-				return func(b backend) (Limiter, error) {
-					return NewLeakyBucket(b.rdb, 10, PerSecond(1), WithPrefix("fmt:"), WithClock(c.Now))
-				}
+			make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+				return NewLeakyBucket(rdb, 10, PerSecond(1), opts...)
 			},
 			// level 4: empty 4s from now, tag 1.
 			value: "18000000040000001", ttl: 4 * time.Second,
@@ -63,10 +58,8 @@ func TestStateFormat2StillRead(t *testing.T) {
 		},
 		{
 			name: "leaky bucket, a fraction of a microsecond",
-			make: func(c *fakeClock) func(b backend) (Limiter, error) {
-				return func(b backend) (Limiter, error) {
-					return NewLeakyBucket(b.rdb, 10, PerSecond(3), WithPrefix("fmt:"), WithClock(c.Now))
-				}
+			make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+				return NewLeakyBucket(rdb, 10, PerSecond(3), opts...)
 			},
 			// level 1 at 3 per second: empty 333333 1/3 µs from now.
 			value: "18000000003333331+1/3", ttl: 334 * time.Millisecond,
@@ -75,10 +68,8 @@ func TestStateFormat2StillRead(t *testing.T) {
 		},
 		{
 			name: "token bucket, whole microseconds",
-			make: func(c *fakeClock) func(b backend) (Limiter, error) {
-				return func(b backend) (Limiter, error) {
-					return NewTokenBucket(b.rdb, 10, PerSecond(1), WithPrefix("fmt:"), WithClock(c.Now))
-				}
+			make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+				return NewTokenBucket(rdb, 10, PerSecond(1), opts...)
 			},
 			// 4 tokens missing: full 4s from now, tag 2.
 			value: "18000000040000002", ttl: 4 * time.Second,
@@ -87,10 +78,8 @@ func TestStateFormat2StillRead(t *testing.T) {
 		},
 		{
 			name: "token bucket, a fraction, read at another rate",
-			make: func(c *fakeClock) func(b backend) (Limiter, error) {
-				return func(b backend) (Limiter, error) {
-					return NewTokenBucket(b.rdb, 10, PerSecond(2), WithPrefix("fmt:"), WithClock(c.Now))
-				}
+			make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+				return NewTokenBucket(rdb, 10, PerSecond(2), opts...)
 			},
 			// Written at 3 per second: 1 token missing, full 333333 1/3 µs
 			// from now. At 2 per second (ticks of whole µs) the fraction
@@ -105,7 +94,7 @@ func TestStateFormat2StillRead(t *testing.T) {
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
 				clock := &fakeClock{now: epoch}
-				l, err := tc.make(clock)(b)
+				l, err := tc.make(b.rdb, WithPrefix("fmt:"), WithClock(clock.Now))
 				require.NoError(t, err)
 				require.Equal(t, "fmt:k", l.(interface{ RedisKey(string) string }).RedisKey("k"))
 				require.NoError(t, b.rdb.Set(ctx, "fmt:k", tc.value, tc.ttl).Err())

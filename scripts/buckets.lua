@@ -277,25 +277,31 @@ local function retry_after(state, e, n, now, stale)
   return nil
 end
 
+-- The error for a hash that is not this algorithm's log.
+local function corrupt(tag)
+  return not_ours('a hash that is not a ' .. (tag == 'w' and 'sliding window' or 'sliding log'))
+end
+
+-- The entry of the caller's strategy i, as if it granted at now.
+local function new_entry(now, precision, limits, sizes, i)
+  return {prec = precision, size = sizes[i], limit = limits[i], upto = idiv(now, precision) + sizes[i]}
+end
+
 -- Decides a request of n permits at now against every strategy and returns
 -- the script's reply. limits and sizes are the caller's strategies, in
 -- ascending order, on buckets of precision; tag names the algorithm in the
 -- meta field.
 local function decide_log(now, n, precision, limits, sizes, tag)
   local S = #sizes
-  local corrupt = 'a hash that is not a ' .. (tag == 'w' and 'sliding window' or 'sliding log')
-  local function mine(i)
-    return {prec = precision, size = sizes[i], limit = limits[i], upto = idiv(now, precision) + sizes[i]}
-  end
 
   local state
   local raw = redis.pcall('HGET', KEYS[1], 'm')
   if type(raw) == 'table' and raw.err then return not_ours('another type than a hash') end
   if raw then
     state = parse_meta(raw, tag)
-    if not state then return not_ours(corrupt) end
+    if not state then return corrupt(tag) end
   elseif redis.call('EXISTS', KEYS[1]) == 1 then
-    return not_ours(corrupt)
+    return corrupt(tag)
   end
 
   -- own[i]: the entry of the caller's strategy i; others: the entries of
@@ -329,12 +335,12 @@ local function decide_log(now, n, precision, limits, sizes, tag)
       if not own[i] then
         -- Counts every kept permit until its cursor walks on: more, never
         -- fewer, than its window holds.
-        own[i], reshaped = mine(i), true
+        own[i], reshaped = new_entry(now, precision, limits, sizes, i), true
         own[i].cursor, own[i].total = state.head, state.all
       end
     end
   else
-    for i = 1, S do own[i] = mine(i) end
+    for i = 1, S do own[i] = new_entry(now, precision, limits, sizes, i) end
   end
   -- All dead: every bucket left the window the log keeps, counted in the
   -- stored grid; what bound there has lapsed.
@@ -360,20 +366,20 @@ local function decide_log(now, n, precision, limits, sizes, tag)
   if state and (all_dead or reshaped or P ~= state.precision or state.tail > b) then
     -- Off the hot path. Our keys always carry a TTL: a hash without one
     -- is someone else's, and is neither rebuilt nor deleted.
-    if redis.call('PTTL', KEYS[1]) < 0 then return not_ours(corrupt) end
+    if redis.call('PTTL', KEYS[1]) < 0 then return corrupt(tag) end
   end
   if not state then
     state = empty_log(P, entries)
   elseif all_dead then
     -- An empty log, whatever it held.
     for i = 1, S do
-      own[i] = mine(i)
+      own[i] = new_entry(now, precision, limits, sizes, i)
       entries[i] = own[i]
     end
     state, changed, list = empty_log(P, entries), true, {}
   elseif P ~= state.precision or state.tail > b then
     state, list = rebuild(state, b, P, entries)
-    if not state then return not_ours(corrupt) end
+    if not state then return corrupt(tag) end
     changed, tail_moved = true, true
   else
     local keep = 1
@@ -393,7 +399,7 @@ local function decide_log(now, n, precision, limits, sizes, tag)
       while e.cursor ~= -1 and e.cursor <= last_out do
         local count, next_index = read_bucket(e.cursor)
         if not count then
-          if not next_index then return not_ours(corrupt) end
+          if not next_index then return corrupt(tag) end
           stale[k] = true
           break
         end
@@ -406,7 +412,7 @@ local function decide_log(now, n, precision, limits, sizes, tag)
     while state.head ~= -1 and state.head <= b - state.keep do
       local count, next_index = read_bucket(state.head)
       if not count then
-        if not next_index then return not_ours(corrupt) end
+        if not next_index then return corrupt(tag) end
         break
       end
       dead[#dead + 1] = string.format('%d', state.head)
@@ -432,12 +438,12 @@ local function decide_log(now, n, precision, limits, sizes, tag)
           wait = e.upto * e.prec - now
           if n <= e.limit then
             local w = retry_after(state, e, n, now, stale[k])
-            if not w then return not_ours(corrupt) end
+            if not w then return corrupt(tag) end
             wait = math.min(wait, w)
           end
         else
           wait = retry_after(state, e, n, now, stale[k])
-          if not wait then return not_ours(corrupt) end
+          if not wait then return corrupt(tag) end
           if wait > own_wait then reported, own_wait = k, wait end
         end
         allowed = false
