@@ -108,7 +108,7 @@ func TestDefaultKeysIsolateConfigs(t *testing.T) {
 func TestDefaultKeyFingerprint(t *testing.T) {
 	t.Parallel()
 	rdb := deadRedis(t, "", 0) // never dialled
-	shape := regexp.MustCompile(`^redlimit:(fw|sw|sl|lb|tb):[0-9a-v]{8}:$`)
+	shape := regexp.MustCompile(`^redlimit:(fw|sw|sl|lb|tb):[0-9a-v]{6}:$`)
 	prefix := func(l Limiter, err error) string {
 		t.Helper()
 		require.NoError(t, err)
@@ -146,11 +146,11 @@ func TestDefaultKeyFingerprint(t *testing.T) {
 // goldenPrefixes are the default prefixes of TestDefaultKeyFingerprint's
 // configurations in this release.
 var goldenPrefixes = map[string]string{
-	"fw": "redlimit:fw:7vja755g:",
-	"sw": "redlimit:sw:6pi5671p:",
-	"sl": "redlimit:sl:3hi8o42g:",
-	"lb": "redlimit:lb:cuo8ql0u:",
-	"tb": "redlimit:tb:k4sr3o95:",
+	"fw": "redlimit:fw:7vja75:",
+	"sw": "redlimit:sw:mjsmk0:",
+	"sl": "redlimit:sl:31m6f5:",
+	"lb": "redlimit:lb:cuo8ql:",
+	"tb": "redlimit:tb:k4sr3o:",
 }
 
 func must[T any](v T, err error) T {

@@ -162,7 +162,7 @@ type options struct {
 // WithPrefix sets the Redis key prefix: the key of a call is exactly
 // prefix + key, and limiters given the same prefix share state on purpose.
 // Without it the prefix is redlimit:<algorithm>:<config>:, where algorithm
-// is fw, sw, sl, lb or tb and config is an 8-character fingerprint of the
+// is fw, sw, sl, lb or tb and config is a 6-character fingerprint of the
 // configuration, so that two limiters that decide differently never meet on
 // a key (each limiter's RedisKey method tells the key of a call).
 func WithPrefix(prefix string) Option {
@@ -271,7 +271,10 @@ func defaultPrefix(s spec) string {
 	}
 	sum := h.Sum64()
 	const digits = "0123456789abcdefghijklmnopqrstuv"
-	var fp [8]byte // 40 bits: a collision needs about a million configurations
+	// 30 bits: two given configurations meet with odds of one in a billion.
+	// Each character is a byte of every key, and two fewer move some key
+	// lengths down an allocator size class (8 or 16 bytes in Redis).
+	var fp [6]byte
 	for i := range fp {
 		fp[i] = digits[sum&31]
 		sum >>= 5

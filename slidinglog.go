@@ -10,7 +10,7 @@ import (
 	"github.com/redlimit/redlimit/internal/engine"
 )
 
-var slidingLogScript = loadScript("common.lua", "buckets.lua", "slidinglog.lua")
+var slidingLogScript = loadScript("common.lua", "buckets.lua", "sliding.lua")
 
 // SlidingLog enforces several sliding-window limits at once (say 10 per
 // second and 500 per hour) over one shared set of buckets of precision, in
@@ -45,7 +45,7 @@ func NewSlidingLog(rdb redis.Scripter, precision time.Duration, strategies []Str
 	sorted := slices.Clone(strategies)
 	slices.SortStableFunc(sorted, func(a, b Strategy) int { return cmp.Compare(a.Window, b.Window) })
 	var precisionUS int64
-	args := make([]any, 1, 1+2*len(sorted))
+	sizes := make([]int64, len(sorted))
 	limits := make([]int, len(sorted))
 	windows := make([]time.Duration, len(sorted))
 	for i, s := range sorted {
@@ -67,16 +67,15 @@ func NewSlidingLog(rdb redis.Scripter, precision time.Duration, strategies []Str
 			}
 		}
 		precisionUS = p
-		args = append(args, s.Limit, size)
+		sizes[i] = size
 		limits[i], windows[i] = s.Limit, s.Window
 	}
-	args[0] = precisionUS
 	l, err := newLimiter(rdb, spec{
 		algorithm: algorithm,
 		code:      "sl",
 		format:    3,
 		script:    slidingLogScript,
-		args:      args,
+		args:      slidingArgs('L', precisionUS, limits, sizes),
 		limits:    limits,
 		windows:   windows,
 	}, opts)

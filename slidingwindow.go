@@ -6,7 +6,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var slidingWindowScript = loadScript("common.lua", "buckets.lua", "slidingwindow.lua")
+var slidingWindowScript = loadScript("common.lua", "buckets.lua", "sliding.lua")
 
 // SlidingWindow grants at most limit permits in any window, counted in
 // buckets of precision aligned to the Unix epoch: a request at time t counts
@@ -46,7 +46,7 @@ func NewSlidingWindow(rdb redis.Scripter, limit int, window, precision time.Dura
 		code:      "sw",
 		format:    3,
 		script:    slidingWindowScript,
-		args:      []any{limit, size, precisionUS},
+		args:      slidingArgs('W', precisionUS, []int{limit}, []int64{size}),
 		limits:    []int{limit},
 		windows:   []time.Duration{window},
 	}, opts)

@@ -1,6 +1,7 @@
 package redlimit
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/redlimit/redlimit/internal/engine"
@@ -54,6 +55,31 @@ func bucketsPerWindow(algorithm string, window, precision time.Duration) (size, 
 		return 0, 0, engine.Errorf(ErrInvalidConfig, "redlimit: %s: window %v: must be a multiple of the precision %v", algorithm, window, precision)
 	}
 	return windowUS / precisionUS, precisionUS, nil
+}
+
+// slidingArgs returns the sliding scripts' ARGV for strategies (limit and
+// size in buckets each, by window ascending) on buckets of precisionUS: the
+// meta text of this configuration's entries alone, which the script checks
+// first (scripts/buckets.lua, decide_own), then precision, then each
+// strategy's limit and size. tag is 'W' for the sliding window, 'L' for the
+// sliding log.
+func slidingArgs(tag byte, precisionUS int64, limits []int, sizes []int64) []any {
+	own := []byte{tag}
+	own = append(own, ' ')
+	own = strconv.AppendInt(own, precisionUS, 10)
+	own = append(own, ' ')
+	own = strconv.AppendInt(own, int64(len(limits)), 10)
+	args := []any{"", precisionUS}
+	for i, limit := range limits {
+		own = append(own, " 0 "...)
+		own = strconv.AppendInt(own, sizes[i], 10)
+		own = append(own, ' ')
+		own = strconv.AppendInt(own, int64(limit), 10)
+		own = append(own, " 0"...)
+		args = append(args, limit, sizes[i])
+	}
+	args[0] = string(own)
+	return args
 }
 
 // bucketArgs checks a bucket's capacity and rate and returns the scripts'
