@@ -335,6 +335,75 @@ func TestSlidingReadsPreviousFormat(t *testing.T) {
 	}
 }
 
+// Keys in format 3, the format before the newest bucket's count moved into
+// the meta, are read under WithPrefix (where a rolling upgrade meets them):
+// their permits keep counting, the first grant writes format 4, and the
+// format-3 field of the old newest bucket, left behind, is overwritten
+// when the tail moves on, never read as a count.
+func TestSlidingReadsFormat3(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := epoch.Unix() // bucket index at a precision of 1s
+	for _, tc := range []struct {
+		name, meta string
+		make       func(rdb redis.Scripter, opts ...Option) (Limiter, error)
+	}{
+		// 3 permits in bucket b, limit 5 per 10s.
+		{"sliding_window", fmt.Sprintf("W 1000000 1 0 10 5 0 %d 3 0 3 0 3", b),
+			func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+				return NewSlidingWindow(rdb, 5, 10*time.Second, time.Second, opts...)
+			}},
+		// The same, and a longer strategy of 50 per 100s.
+		{"sliding_log", fmt.Sprintf("L 1000000 2 0 10 5 0 0 100 50 0 %d 3 0 3 0 3 0 3", b),
+			func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+				return NewSlidingLog(rdb, time.Second, []Strategy{{Limit: 5, Window: 10 * time.Second}, {Limit: 50, Window: 100 * time.Second}}, opts...)
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, be backend) {
+				clock := newClock()
+				clock.Advance(500 * time.Millisecond)
+				l, err := tc.make(be.rdb, WithPrefix("fmt3:"), WithClock(clock.Now))
+				require.NoError(t, err)
+				key := l.(interface{ RedisKey(string) string }).RedisKey("k")
+				require.NoError(t, be.rdb.HSet(ctx, key, "m", tc.meta, fmt.Sprint(b), "3").Err())
+				require.NoError(t, be.rdb.PExpire(ctx, key, time.Hour).Err())
+
+				// Two seconds on: 2 of the 5 are left.
+				clock.Advance(2 * time.Second)
+				r, err := l.AllowN(ctx, "k", 0)
+				require.NoError(t, err, "a key in format 3 is read")
+				require.Equal(t, 2, r.Remaining, "its 3 permits still count")
+				r, err = l.Allow(ctx, "k")
+				require.NoError(t, err)
+				require.True(t, r.Allowed)
+				meta, err := be.rdb.HGet(ctx, key, "m").Result()
+				require.NoError(t, err)
+				require.Equal(t, tc.meta[:1]+"4", meta[:2], "a grant writes format 4: %q", meta)
+				require.Equal(t, fmt.Sprintf("3 %d", b+2), be.rdb.HGet(ctx, key, fmt.Sprint(b)).Val(), "the old tail's field links to the new tail")
+
+				// In the new tail's bucket, and in a later one.
+				r, err = l.Allow(ctx, "k")
+				require.NoError(t, err)
+				require.True(t, r.Allowed)
+				require.Equal(t, 0, r.Remaining)
+				clock.Advance(time.Second)
+				r, err = l.Allow(ctx, "k")
+				require.NoError(t, err)
+				require.False(t, r.Allowed, "5 in the window: %+v", r)
+				// Bucket b leaves the window 10s after it began: 3 come back,
+				// exactly then.
+				require.Equal(t, 6500*time.Millisecond, r.RetryAfter)
+				clock.Advance(r.RetryAfter)
+				r, err = l.AllowN(ctx, "k", 3)
+				require.NoError(t, err)
+				require.True(t, r.Allowed, "%+v", r)
+				require.Equal(t, 0, r.Remaining)
+			})
+		})
+	}
+}
+
 // A sliding log of many strategies keeps a meta field of more numbers than
 // one Lua pattern can capture (32), which the script parses field by field:
 // the decisions stay the reference model's.

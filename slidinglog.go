@@ -73,9 +73,9 @@ func NewSlidingLog(rdb redis.Scripter, precision time.Duration, strategies []Str
 	l, err := newLimiter(rdb, spec{
 		algorithm: algorithm,
 		code:      "sl",
-		format:    3,
+		format:    4,
 		script:    slidingLogScript,
-		args:      slidingArgs('L', precisionUS, limits, sizes),
+		args:      slidingArgs("L4", precisionUS, limits, sizes),
 		limits:    limits,
 		windows:   windows,
 	}, opts)

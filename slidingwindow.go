@@ -44,9 +44,9 @@ func NewSlidingWindow(rdb redis.Scripter, limit int, window, precision time.Dura
 	l, err := newLimiter(rdb, spec{
 		algorithm: algorithm,
 		code:      "sw",
-		format:    3,
+		format:    4,
 		script:    slidingWindowScript,
-		args:      slidingArgs('W', precisionUS, []int{limit}, []int64{size}),
+		args:      slidingArgs("W4", precisionUS, []int{limit}, []int64{size}),
 		limits:    []int{limit},
 		windows:   []time.Duration{window},
 	}, opts)

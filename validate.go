@@ -59,12 +59,12 @@ func bucketsPerWindow(algorithm string, window, precision time.Duration) (size, 
 
 // slidingArgs returns the sliding scripts' ARGV for strategies (limit and
 // size in buckets each, by window ascending) on buckets of precisionUS: the
-// meta text of this configuration's entries alone, which the script checks
-// first (scripts/buckets.lua, decide_own), then precision, then each
-// strategy's limit and size. tag is 'W' for the sliding window, 'L' for the
-// sliding log.
-func slidingArgs(tag byte, precisionUS int64, limits []int, sizes []int64) []any {
-	own := []byte{tag}
+// meta text of this configuration's entries alone, which the script
+// compares with the stored one first (scripts/sliding.lua), then precision,
+// then each strategy's limit and size. tag is "W4" for the sliding window,
+// "L4" for the sliding log: the algorithm and the state format.
+func slidingArgs(tag string, precisionUS int64, limits []int, sizes []int64) []any {
+	own := []byte(tag)
 	own = append(own, ' ')
 	own = strconv.AppendInt(own, precisionUS, 10)
 	own = append(own, ' ')

@@ -1,6 +1,7 @@
 -- buckets.lua: the bucket log shared by the sliding window and the sliding log.
--- Joined after common.lua (it uses idiv, ceil_div, ttl_ms, reply, not_ours);
--- slidingwindow.lua or slidinglog.lua follows and calls decide_log.
+-- Joined after common.lua (it uses idiv, ceil_div, ttl_ms, reply, not_ours)
+-- and sliding.lua (now, n, own, precision, limits, sizes, raw, read_bucket,
+-- log_cache), and run only for the states sliding.lua leaves to it.
 --
 -- Time is cut into buckets of `precision` µs aligned to the Unix epoch:
 -- bucket index = floor(µs / precision). A strategy (limit, size) counts the
@@ -8,15 +9,19 @@
 -- strategies come sorted by size, ascending, with limits ascending.
 --
 -- The key is a hash, with a TTL:
---   "m"        meta, space-separated: the algorithm's tag ("W" for the
---              sliding window, "L" for the sliding log), then integers:
---              P E (prec size limit upto)*E tail tail_count head all
---              (cursor total)*E; indices relative to the tail (meta_string)
---   "<index>"  a nonempty bucket: "<count>" for the newest (the tail),
---              "<count> <index of the next nonempty bucket>" for the others.
+--   "m"        meta, space-separated: the algorithm's tag ("W4" for the
+--              sliding window, "L4" for the sliding log), then integers:
+--              P E (prec size limit upto)*E tail tail_count
+--              (cursor total)*E [head all]; indices relative to the tail
+--              (meta_string)
+--   "<index>"  a nonempty bucket but the newest (the tail, whose count is
+--              the meta's tail_count): "<count> <index of the next
+--              nonempty bucket>".
 -- P is the key's grid: the bucket length of its log. The nonempty buckets
 -- form a queue, oldest (head) to newest (tail), holding `all` permits, and
--- are kept for `keep` buckets.
+-- are kept for `keep` buckets. head and all are written only when they are
+-- not the last entry's cursor and total, as they are while one
+-- configuration uses the key.
 --
 -- The E entries are the strategies that bind at the key: the calling
 -- limiter's, and those of other configurations sharing the key (WithPrefix:
@@ -32,10 +37,14 @@
 -- window, however many the window holds. keep is the longest window over
 -- the entries. At most MAX_OTHERS entries of other configurations are kept,
 -- those used last. The grid moves to the caller's precision when no other
--- entry needs the old one. "w" and "l", the format before entries had
--- limits, are read too: their strategies are dropped, their buckets kept.
+-- entry needs the old one. Two earlier formats are read too: "W" and "L"
+-- (format 3: P E (prec size limit upto)*E tail tail_count head all
+-- (cursor total)*E, and the tail's count also in its field), and "w" and
+-- "l" (format 2, before entries had limits: their strategies are dropped,
+-- their buckets kept). A call that writes writes format 4; a format-3
+-- tail's field is left until the tail moves on, and never read.
 --
--- Bounded work (DESIGN property 9): a call reads at most BUDGET buckets.
+-- Bounded work (DESIGN property 9): a call reads at most 12 buckets.
 -- When more would leave a window in one call, the cursor stops where the
 -- budget ran out and the strategy is `stale`: its total still counts the
 -- buckets not yet walked, so it can only deny more, never grant more, and
@@ -66,30 +75,39 @@ end
 -- The meta as a table, or nil when it is not this algorithm's. An entry
 -- of the older format has no limit (e.limit == nil).
 local function parse_meta(raw, tag)
-  local version
+  local version, skip
   local first = string.sub(raw, 1, 1)
-  if first == string.upper(tag) then
-    version = 3
+  if first == string.upper(tag) and string.sub(raw, 2, 2) == '4' then
+    version, skip = 4, 2
+  elseif first == string.upper(tag) then
+    version, skip = 3, 1
   elseif first == tag then
-    version = 2
+    version, skip = 2, 1
   else
     return nil
   end
-  local E = string.match(raw, '^. %d+ (%d+) ')
+  local body = string.sub(raw, skip + 1)
+  local E = string.match(body, '^ %d+ (%d+) ')
   if not E then return nil end
   E = E + 0
-  local n = version == 3 and 6 + 6 * E or 7 + 3 * E
+  -- Format 4 has 4 + 6E fields, or 6 + 6E with head and all.
+  local n = version == 2 and 7 + 3 * E or 6 + 6 * E
   local m
   if n <= 32 then
     -- One match for the whole field (Lua allows 32 captures): far cheaper
     -- than a match per field.
-    m = {string.match(raw, '^.' .. string.rep(' (%-?%d+)', n) .. '$')}
+    m = {string.match(body, '^' .. string.rep(' (%-?%d+)', n) .. '$')}
+    if not m[1] and version == 4 then
+      n = n - 2
+      m = {string.match(body, '^' .. string.rep(' (%-?%d+)', n) .. '$')}
+    end
   else
     m = {}
-    for field in string.gmatch(string.sub(raw, 2), '[^ ]+') do
+    for field in string.gmatch(body, '[^ ]+') do
       if not string.match(field, '^%-?%d+$') then return nil end
       m[#m + 1] = field
     end
+    if version == 4 and #m == n - 2 then n = n - 2 end
   end
   if #m ~= n or string.find(raw, '  ', 1, true) or string.sub(raw, -1) == ' ' then return nil end
   -- Digits, checked: arithmetic converts them, cheaper than tonumber.
@@ -97,13 +115,21 @@ local function parse_meta(raw, tag)
   local P, E = m[1], m[2]
   if not E or E < 1 or P < 1 then return nil end
   local state = {precision = P, entries = {}}
-  if version == 3 then
-    -- P E (prec size limit upto)*E tail tail_count head all (cursor total)*E,
+  if version >= 3 then
+    -- P E (prec size limit upto)*E tail tail_count, then format 3's head
+    -- all (cursor total)*E or format 4's (cursor total)*E [head all];
     -- indices relative to the tail (see meta_string).
-    if #m ~= 6 + 6 * E then return nil end
     local tail = m[3 + 4 * E]
     if tail < 0 then return nil end
-    state.tail, state.tail_count, state.head, state.all = tail, m[4 + 4 * E], tail - m[5 + 4 * E], m[6 + 4 * E]
+    state.tail, state.tail_count = tail, m[4 + 4 * E]
+    -- cursor i is at m[c + 2i], its total after it.
+    local c = 3 + 4 * E
+    if version == 3 then
+      c = 5 + 4 * E
+      state.head, state.all = tail - m[5 + 4 * E], m[6 + 4 * E]
+    elseif n == 6 + 6 * E then
+      state.head, state.all = tail - m[5 + 6 * E], m[6 + 6 * E]
+    end
     state.keep = 1
     for i = 1, E do
       local k = 4 * i - 2
@@ -111,11 +137,17 @@ local function parse_meta(raw, tag)
       if e.prec == 0 then
         e.prec, e.upto = P, tail + e.size + e.upto
       end
-      e.cursor, e.total = m[5 + 4 * E + 2 * i], m[6 + 4 * E + 2 * i]
+      e.cursor, e.total = m[c + 2 * i], m[c + 1 + 2 * i]
       if e.cursor ~= -1 then e.cursor = tail - e.cursor end
       if e.prec < 1 or e.size < 1 or e.limit < 1 or e.total < 0 then return nil end
       state.keep = math.max(state.keep, eff_size(e, P))
       state.entries[i] = e
+    end
+    if not state.head then
+      -- The last entry's cursor and total, which a log always has.
+      local last = state.entries[E]
+      if last.cursor == -1 then return nil end
+      state.head, state.all = last.cursor, last.total
     end
   else
     -- The previous format: P S size*S tail tail_count head keep all
@@ -196,6 +228,7 @@ local function rebuild(old, b, P, entries)
     state.all = state.all + count
     state.tail, state.tail_count = index, count
   end
+  stored_tail, stored_count = state.tail, state.tail_count
   return state, list
 end
 
@@ -203,7 +236,8 @@ end
 -- 1970), so all but the tail are written relative to it: head and cursors
 -- as tail minus the index (-1 stays: no cursor), upto, for the entries on
 -- the grid, as upto - tail - size (0 when the entry's last grant is the
--- tail). keep is not written: it is the longest window over the entries.
+-- tail). keep is not written: it is the longest window over the entries;
+-- nor are head and all when they are the last entry's cursor and total.
 -- The field stays under 64 bytes for usual configurations, which keeps the
 -- hash in Redis's compact listpack.
 local function meta_string(state, tag)
@@ -217,14 +251,17 @@ local function meta_string(state, tag)
   end
   m[#m + 1] = tail
   m[#m + 1] = state.tail_count
-  m[#m + 1] = tail - state.head
-  m[#m + 1] = state.all
   for _, e in ipairs(state.entries) do
     m[#m + 1] = e.cursor == -1 and -1 or tail - e.cursor
     m[#m + 1] = e.total
   end
+  local last = state.entries[#state.entries]
+  if last.cursor ~= state.head or last.total ~= state.all or state.head == -1 then
+    m[#m + 1] = tail - state.head
+    m[#m + 1] = state.all
+  end
   -- One format call for the whole field: far cheaper than one a number.
-  return string.format(string.upper(tag) .. string.rep(' %d', #m), unpack(m))
+  return string.format(string.upper(tag) .. '4' .. string.rep(' %d', #m), unpack(m))
 end
 
 -- When the whole of entry e's window has emptied: the longest any
@@ -273,6 +310,7 @@ local function decide_log(now, n, precision, limits, sizes, tag, raw)
   if raw then
     state = parse_meta(raw, tag)
     if not state then return corrupt(tag) end
+    stored_tail, stored_count = state.tail, state.tail_count
   elseif redis.call('EXISTS', KEYS[1]) == 1 then
     return corrupt(tag)
   end
@@ -441,8 +479,6 @@ local function decide_log(now, n, precision, limits, sizes, tag, raw)
       end
     end
     state.all = state.all + n
-    writes[#writes + 1] = string.format('%d', b)
-    writes[#writes + 1] = string.format('%d', state.tail_count)
     for _, e in ipairs(entries) do e.total = e.total + n end
     for i = 1, S do own[i].upto = idiv(now, precision) + sizes[i] end
     changed = true
@@ -499,15 +535,13 @@ local function decide_log(now, n, precision, limits, sizes, tag, raw)
       -- that still count are in list.
       local ok = call('UNLINK', KEYS[1])
       if type(ok) == 'table' and ok.err then return reply(allowed, remaining, retry, reset, reported - 1, 0) end
+      -- Every bucket but the tail, whose count is the meta's.
       for k, item in ipairs(list) do
         if k < #list or item[1] ~= state.tail then
           local next_index = b
           if list[k + 1] then next_index = list[k + 1][1] end
           writes[#writes + 1] = string.format('%d', item[1])
           writes[#writes + 1] = string.format('%d %d', item[2], next_index)
-        elseif not (allowed and n > 0) then
-          writes[#writes + 1] = string.format('%d', item[1])
-          writes[#writes + 1] = string.format('%d', item[2])
         end
       end
       tail_moved = true

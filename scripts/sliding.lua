@@ -8,8 +8,8 @@
 -- ARGV[1] now (µs, or "" for server TIME)
 -- ARGV[2] n          permits asked for (>= 0)
 -- ARGV[3] own        the meta's text for this configuration's entries
---                    alone: "W P 1 0 size limit 0" for a sliding window,
---                    "L P E (0 size limit 0)*E" for a sliding log; its
+--                    alone: "W4 P 1 0 size limit 0" for a sliding window,
+--                    "L4 P E (0 size limit 0)*E" for a sliding log; its
 --                    letter names the algorithm
 -- ARGV[4] precision  bucket length (µs)
 -- ARGV[5], ARGV[6]   limit and size (window / precision) of the shortest
@@ -38,67 +38,99 @@ for i = 2, S do
   limits[i], sizes[i] = ARGV[3 + 2 * i] + 0, ARGV[4 + 2 * i] + 0
 end
 
-local BUDGET = 12
+-- The meta after own: tail tail_count (cursor total)*S [head all], as
+-- meta_string writes them (a string indexed by err is nil: strings index
+-- the string library).
+local raw = redis.pcall('HGET', KEYS[1], 'm')
+local m
+if raw and not raw.err and string.find(raw, own, 1, true) == 1 then
+  if S == 1 then
+    m = {string.match(raw, '^ ([1-9]%d*) (%d+) (%-?%d+) (%d+)$', #own + 1)}
+    if not m[1] then m = {string.match(raw, '^ ([1-9]%d*) (%d+) (%-?%d+) (%d+) (%d+) (%d+)$', #own + 1)} end
+  else
+    local rest = '^ ([1-9]%d*) (%d+)' .. string.rep(' (%-?%d+) (%d+)', S)
+    m = {string.match(raw, rest .. '$', #own + 1)}
+    if not m[1] then m = {string.match(raw, rest .. ' (%d+) (%d+)$', #own + 1)} end
+  end
+end
+
+-- fast: this file decides. The tail is not in the clock's future, the
+-- windows have not all emptied, and the log has a head.
+local fast = false
+local P, keep, b = precision, sizes[S], 0
+local tail, tail_count, head, all, cursors, totals
+if m and m[1] then
+  tail, b = m[1] + 0, idiv(now, precision)
+  if tail <= b and tail > b - keep then
+    cursors, totals = {m[3] + 0}, {m[4] + 0}
+    for i = 2, S do cursors[i], totals[i] = m[1 + 2 * i] + 0, m[2 + 2 * i] + 0 end
+    for i = 1, S do
+      if cursors[i] ~= -1 then cursors[i] = tail - cursors[i] end
+    end
+    tail_count, head, all = m[2] + 0, cursors[S], totals[S]
+    if m[3 + 2 * S] then
+      head, all, fast = tail - m[3 + 2 * S], m[4 + 2 * S] + 0, true
+    else
+      fast = head ~= -1
+    end
+  end
+end
+
+-- Whether the call may read a bucket: a bucket left a window or the log, a
+-- request may be denied (its wait walks a window), or buckets.lua decides.
+-- Most calls read none, and spare the reader's closure.
+local reader = not fast or head <= b - keep
+for i = 1, fast and not reader and S or 0 do
+  if (cursors[i] ~= -1 and cursors[i] <= b - sizes[i]) or (n > 0 and totals[i] + n > limits[i]) then reader = true end
+end
 
 -- bucket -> {count, next}, read at most once per call. Keyed by -index:
 -- gopher-lua (miniredis) keeps positive integer keys in an array part filled
 -- up to the key, and bucket indices run to billions.
-local log_cache = {}
-local reads = 0
-
--- A bucket's count and next index; or nil and true when the budget is
--- spent, nil and false when the field is missing or malformed.
-local function read_bucket(index)
-  local cached = log_cache[-index]
-  if cached then return cached[1], cached[2] end
-  if reads >= BUDGET then return nil, true end
-  reads = reads + 1
-  local raw = redis.call('HGET', KEYS[1], string.format('%d', index))
-  if not raw then return nil, false end
-  local count, next_index = string.match(raw, '^([1-9]%d*) (%d+)$')
-  if count then
-    count, next_index = tonumber(count), tonumber(next_index)
-    if next_index <= index then return nil, false end
-  else
-    count, next_index = tonumber(string.match(raw, '^[1-9]%d*$')), -1
-    if not count then return nil, false end
+local log_cache, reads = nil, 0
+-- The tail as the meta read says: its count is not in its field.
+local stored_tail, stored_count = tail or -1, tail_count or 0
+-- read_bucket(index): a bucket's count and next index; or nil and true
+-- when the budget (12 reads a call) is spent, nil and false when the field
+-- is missing or malformed.
+local read_bucket
+if reader then
+  log_cache = {}
+  read_bucket = function(index)
+    local cached = log_cache[-index]
+    if cached then return cached[1], cached[2] end
+    if index == stored_tail then return stored_count, -1 end
+    if reads >= 12 then return nil, true end
+    reads = reads + 1
+    local field = redis.call('HGET', KEYS[1], string.format('%d', index))
+    if not field then return nil, false end
+    local count, next_index = string.match(field, '^([1-9]%d*) (%d+)$')
+    if count then
+      count, next_index = tonumber(count), tonumber(next_index)
+      if next_index <= index then return nil, false end
+    else
+      count, next_index = tonumber(string.match(field, '^[1-9]%d*$')), -1
+      if not count then return nil, false end
+    end
+    log_cache[-index] = {count, next_index}
+    return count, next_index
   end
-  log_cache[-index] = {count, next_index}
-  return count, next_index
 end
 
-local raw = redis.pcall('HGET', KEYS[1], 'm')
-
--- The meta after own: tail tail_count head all (cursor total)*S, as
--- meta_string writes them (a string indexed by err is nil: strings index
--- the string library).
-local m
-if raw and not raw.err and string.find(raw, own, 1, true) == 1 then
-  local rest = '^ ([1-9]%d*) (%d+) (%d+) (%d+) (%-?%d+) (%d+)$'
-  if S > 1 then rest = '^ ([1-9]%d*) (%d+) (%d+) (%d+)' .. string.rep(' (%-?%d+) (%d+)', S) .. '$' end
-  m = {string.match(raw, rest, #own + 1)}
-end
 -- bad: a bucket the log names is missing or malformed.
 local bad = false
 repeat
-  if not m or not m[1] then break end
-  local P, keep = precision, sizes[S]
-  local tail, b = m[1] + 0, idiv(now, precision)
-  if tail > b or tail <= b - keep then break end
-
-  local tail_count, head, all = m[2] + 0, tail - m[3], m[4] + 0
-  local cursors, totals, stale = {m[5] + 0}, {m[6] + 0}, nil
-  -- changed: the hash must be written; tail_moved: its TTL too; moved:
-  -- the tail, head or a cursor, whose text is otherwise copied.
-  local changed, tail_moved, moved = false, false, false
+  if not fast then break end
+  local stale
+  -- changed: the hash must be written; tail_moved: its TTL too.
+  local changed, tail_moved = false, false
   -- Each window's cursor walks past the buckets that left it.
   for i = 1, S do
-    local cursor, total = cursors[i] or m[3 + 2 * i] + 0, totals[i] or m[4 + 2 * i] + 0
-    if cursor ~= -1 then cursor = tail - cursor end
+    local cursor, total = cursors[i], totals[i]
     local last_out = b - sizes[i]
     if tail <= last_out then
       -- The whole window left: no walk.
-      if cursor ~= -1 or total ~= 0 then changed, moved = true, true end
+      if cursor ~= -1 or total ~= 0 then changed = true end
       cursor, total = -1, 0
     end
     while cursor ~= -1 and cursor <= last_out do
@@ -112,7 +144,7 @@ repeat
         end
         break
       end
-      total, cursor, changed, moved = total - count, next_index, true, true
+      total, cursor, changed = total - count, next_index, true
     end
     cursors[i], totals[i] = cursor, total
   end
@@ -127,7 +159,7 @@ repeat
     end
     dead = dead or {}
     dead[#dead + 1] = string.format('%d', head)
-    all, head, changed, moved = all - count, next_index, true, true
+    all, head, changed = all - count, next_index, true
   end
   if bad then break end
 
@@ -171,15 +203,15 @@ repeat
   end
   if bad then break end
 
-  -- A grant: now's bucket is the tail, b_text its field.
-  local tail_text, moved_text, b_text = m[1], nil, m[1]
+  -- A grant: now's bucket becomes the tail, whose count the meta holds;
+  -- the tail it replaces gets its field, moved.
+  local tail_text, moved = m[1], nil
   if allowed and n > 0 then
     if tail == b then
       tail_count = tail_count + n
     else
-      moved_text = string.format('%d %d', tail_count, b)
-      b_text = string.format('%d', b)
-      tail, tail_count, tail_moved, moved = b, n, true, true
+      moved = string.format('%d %d', tail_count, b)
+      tail, tail_count, tail_moved = b, n, true
       if head == -1 then head = b end
       for i = 1, S do
         if cursors[i] == -1 then cursors[i] = b end
@@ -219,28 +251,22 @@ repeat
     local call = redis.pcall
     if allowed and n > 0 then call = redis.call end
     if dead then call('HDEL', KEYS[1], unpack(dead)) end
-    -- The fields that did not move are copied as the text read: each %d
-    -- is a sprintf.
     local meta
-    if S == 1 and not moved then
-      meta = string.format('%s %s %d %s %d %s %d', own, m[1], tail_count, m[3], all, m[5], totals[1])
-    elseif not moved then
-      local fields = {own, m[1], tail_count, m[3], all}
-      for i = 1, S do fields[4 + 2 * i], fields[5 + 2 * i] = m[3 + 2 * i], totals[i] end
-      meta = string.format('%s %s %d %s %d' .. string.rep(' %s %d', S), unpack(fields))
+    if S == 1 and head == cursors[1] and all == totals[1] and head ~= -1 then
+      -- The common case: head and all are the window's cursor and total.
+      meta = own .. string.format(' %d %d %d %d', tail, tail_count, tail - head, all)
     else
-      local fields = {own, tail, tail_count, tail - head, all}
+      local fields = {tail, tail_count}
       for i = 1, S do
         local c = cursors[i]
         if c ~= -1 then c = tail - c end
-        fields[4 + 2 * i], fields[5 + 2 * i] = c, totals[i]
+        fields[1 + 2 * i], fields[2 + 2 * i] = c, totals[i]
       end
-      meta = string.format('%s' .. string.rep(' %d', 4 + 2 * S), unpack(fields))
+      if head ~= cursors[S] or all ~= totals[S] or head == -1 then fields[3 + 2 * S], fields[4 + 2 * S] = tail - head, all end
+      meta = own .. string.format(string.rep(' %d', #fields), unpack(fields))
     end
-    if moved_text then
-      call('HSET', KEYS[1], 'm', meta, tail_text, moved_text, b_text, string.format('%d', tail_count))
-    elseif allowed and n > 0 then
-      call('HSET', KEYS[1], 'm', meta, b_text, string.format('%d', tail_count))
+    if moved then
+      call('HSET', KEYS[1], 'm', meta, tail_text, moved)
     else
       call('HSET', KEYS[1], 'm', meta)
     end
