@@ -6,7 +6,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var leakyBucketScript = loadScript("common.lua", "gcra.lua", "leakybucket.lua")
+var leakyBucketScript = loadScript("prelude.lua", "leakybucket.lua", "gcra.lua")
 
 // LeakyBucket smooths traffic to a steady rate. Its level starts at 0 and
 // drains continuously at the leak rate; a request of n is allowed if level +

@@ -6,7 +6,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var tokenBucketScript = loadScript("common.lua", "gcra.lua", "tokenbucket.lua")
+var tokenBucketScript = loadScript("prelude.lua", "tokenbucket.lua", "gcra.lua")
 
 // TokenBucket allows bursts up to its capacity and a steady refill rate
 // beyond. It starts full and refills continuously at the refill rate up to

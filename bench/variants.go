@@ -40,9 +40,10 @@ func scriptFile(name string) string {
 func variants() []variant {
 	server := func(time.Time) []any { return []any{"", 1, 1_000_000, int64(60_000_000)} }
 	client := func(now time.Time) []any { return []any{now.UnixMicro(), 1, 1_000_000, int64(60_000_000)} }
-	fw := scriptFile("common.lua") + scriptFile("fixedwindow.lua")
-	lb := scriptFile("common.lua") + scriptFile("gcra.lua") + scriptFile("leakybucket.lua")
-	tb := scriptFile("common.lua") + scriptFile("gcra.lua") + scriptFile("tokenbucket.lua")
+	// Joined as fixedwindow.go, leakybucket.go and tokenbucket.go join them.
+	fw := scriptFile("prelude.lua") + scriptFile("fixedwindow.lua")
+	lb := scriptFile("prelude.lua") + scriptFile("leakybucket.lua") + scriptFile("gcra.lua")
+	tb := scriptFile("prelude.lua") + scriptFile("tokenbucket.lua") + scriptFile("gcra.lua")
 	// The buckets' allow workload: 1,000,000 per minute, reduced to 1 per 60µs.
 	bucket := func(time.Time) []any { return []any{"", 1, 1_000_000, 60, 1} }
 	floor := func(algorithm, workload string) variant {

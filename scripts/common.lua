@@ -1,7 +1,8 @@
--- common.lua: helpers every redlimit script starts with. The Go side joins
--- this file first, then the algorithm's files (gcra.lua for the buckets,
--- buckets.lua for the sliding scripts), then its body, into one script.
--- It uses nothing it does not define.
+-- common.lua: helpers the sliding scripts start with. The Go side joins
+-- this file first, then buckets.lua, then the script's body, into one
+-- script. It uses nothing it does not define. (The fixed window and the
+-- buckets start with prelude.lua instead, which defines no function: see
+-- there.)
 --
 -- Every script takes one key, KEYS[1], and ARGV[1] = now in Unix µs, or ""
 -- to read the Redis server's TIME; ARGV[2] = n, the permits asked for.

@@ -1,7 +1,8 @@
 -- fixedwindow.lua: at most `limit` permits per window; a window opens at the
 -- first request that finds none open and lasts `window` µs: [start, start + window).
 --
--- Joined after common.lua, whose now_us, ttl_ms, reply and not_ours it uses.
+-- Joined after prelude.lua, which sets now and n (not after common.lua,
+-- whose helpers would cost a closure each per call).
 --
 -- ARGV[1] now (µs, or "" for server TIME)
 -- ARGV[2] n        permits asked for (>= 0)
@@ -31,19 +32,16 @@
 -- its grants then count against everyone for a whole window of its own.
 
 -- The form with the window's length: each repetition stops at a space, so
--- it matches in one pass. The short form is read without a pattern, below.
+-- it matches in one pass. The short form is read without a capture, below.
 local WINDOW_LEN = '^([1-9]%d*) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) ([1-9]%d*) 3$'
 
-local now = now_us()
--- n is 1 on most calls: comparing ARGV[2] with '1' (interned strings, one
--- pointer comparison) spares converting it.
-local n = 1
-if ARGV[2] ~= '1' then n = ARGV[2] + 0 end
 local limit = ARGV[3] + 0
 local window = ARGV[4] + 0
-local shared = ARGV[5] == '1'
 
 local count, window_end, len = 0, 0, window
+-- end_text: window_end's 16 digits as the short form stored them, written
+-- back as they are while the window stands (a sprintf less).
+local end_text
 -- clamp: the clock went back, and the window must be cut to its length from
 -- now, even on a denial, so that the key is never locked out for longer.
 local clamp = false
@@ -52,17 +50,25 @@ if raw then
   -- A string, or a table with err when the key holds another type: a
   -- string indexed by err is nil (strings index the string library),
   -- which spares calling type().
-  if raw.err then return not_ours('another type than a fixed window') end
-  -- The short form without a pattern that backtracks: all digits, the tag
-  -- last, the end the 16 digits before it, the count the rest.
+  if raw.err then
+    return redis.error_reply('NOTOURS holds another type than a fixed window' .. NOT_OURS)
+  end
+  -- The short form in one linear find, without a pattern that backtracks:
+  -- all digits, the tag last; the end is the 16 digits before the tag, the
+  -- count the rest (at least one digit, the first not 0).
   local size = #raw
-  if size >= 18 and string.byte(raw, size) == 51 and string.find(raw, '^[1-9]%d*$') then
+  if size >= 18 and string.find(raw, '^[1-9]%d*3$') then
     count = string.sub(raw, 1, size - 17) + 0
-    window_end = string.sub(raw, size - 16, size - 1) + 0
-    if window_end < 1e15 or window_end >= 5e15 then return not_ours('a string that is not a fixed window') end
+    end_text = string.sub(raw, size - 16, size - 1)
+    window_end = end_text + 0
+    if window_end < 1e15 or window_end >= 5e15 then
+      return redis.error_reply('NOTOURS holds a string that is not a fixed window' .. NOT_OURS)
+    end
   else
     local c, e, l = string.match(raw, WINDOW_LEN)
-    if not c then return not_ours('a string that is not a fixed window') end
+    if not c then
+      return redis.error_reply('NOTOURS holds a string that is not a fixed window' .. NOT_OURS)
+    end
     count, window_end, len = c + 0, e + 0, l + 0
   end
   if window_end <= now or window_end > now + len then
@@ -70,11 +76,14 @@ if raw then
     -- one), or that ends later than its length from now. Our keys always
     -- carry a TTL; a value without one is someone else's.
     local pttl = redis.call('PTTL', KEYS[1])
-    if pttl < 0 then return not_ours('a value without a TTL') end
-    if window_end > now + len and pttl <= ttl_ms(len) then
-      -- The server counts the window down to within its length: the clock
-      -- went back. Else (a window of the short form, which only a longer
-      -- configuration could have left) it stands as it is.
+    if pttl < 0 then
+      return redis.error_reply('NOTOURS holds a value without a TTL' .. NOT_OURS)
+    end
+    -- The server counts the window down to within its length (pttl in
+    -- whole ms, len rounded up to them: ttl_ms in common.lua): the clock
+    -- went back. Else (a window of the short form, which only a longer
+    -- configuration could have left) it stands as it is.
+    if window_end > now + len and pttl * 1000 < len + 1000 then
       window_end, clamp = now + len, true
     end
   end
@@ -108,19 +117,41 @@ local reset = 0
 if count > 0 then reset = view_end - now end
 if write or clamp then
   local value
-  if shared or len ~= window then
+  if ARGV[5] == '1' or len ~= window then
     value = string.format('%d %016d %d 3', count, window_end, len)
+  elseif write == 'KEEPTTL' and end_text then
+    value = string.format('%d', count) .. end_text .. '3'
   else
     value = string.format('%d%016d3', count, window_end)
   end
   if write == 'KEEPTTL' then
     redis.call('SET', KEYS[1], value, 'KEEPTTL')
-  elseif write then
-    redis.call('SET', KEYS[1], value, 'PX', ttl_ms(window_end - now))
   else
-    -- A denial or n == 0 needs no write: best effort (maxmemory, a replica).
-    redis.pcall('SET', KEYS[1], value, 'PX', ttl_ms(window_end - now))
+    -- The TTL in ms, rounded up so that expiry never comes before the
+    -- window ends (ttl_ms in common.lua; window_end > now here).
+    local ttl = window_end - now
+    ttl = (ttl - ttl % 1000) / 1000
+    if ttl * 1000 < window_end - now then ttl = ttl + 1 end
+    if write then
+      redis.call('SET', KEYS[1], value, 'PX', ttl)
+    else
+      -- A denial or n == 0 needs no write: best effort (maxmemory, a replica).
+      redis.pcall('SET', KEYS[1], value, 'PX', ttl)
+    end
   end
 end
--- Remaining only changes when the window ends.
-return reply(allowed, limit - count, retry, reset, 0, reset)
+-- The reply of six integers (reply in common.lua): allowed, remaining,
+-- retry-after, reset-after, the strategy (0) and stable, -1: remaining only
+-- changes when the window ends, at reset. Each %d is a sprintf, the dearest
+-- part of a reply: a denial with nothing left (the hot path of an exhausted
+-- key) formats its one duration once.
+local remaining = limit - count
+if remaining < 0 then remaining = 0 end
+if allowed then
+  return string.format('1 %d 0 %d 0 -1', remaining, reset)
+end
+if remaining == 0 and retry == reset then
+  local text = string.format('%d', retry)
+  return '0 0 ' .. text .. ' ' .. text .. ' 0 -1'
+end
+return string.format('0 %d %d %d 0 -1', remaining, retry, reset)

@@ -1,6 +1,7 @@
 -- gcra.lua: the decision shared by the leaky and the token bucket. Joined
--- after common.lua, whose now_us, idiv, ceil_div, ttl_ms, reply and not_ours
--- it uses; leakybucket.lua or tokenbucket.lua follows and calls decide_gcra.
+-- after prelude.lua (now and n) and leakybucket.lua or tokenbucket.lua,
+-- which name the state's TAG, its whole-µs pattern TAT and format
+-- TAT_FORMAT, and WHAT (for errors); this part decides and replies.
 --
 -- Both keep one number, the theoretical arrival time `tat`: when the leaky
 -- bucket will have drained empty, which is when the token bucket will have
@@ -24,103 +25,146 @@
 -- ARGV[3] capacity  permits the bucket holds
 -- ARGV[4] per       period (µs), reduced with count
 -- ARGV[5] count     permits leaked (refilled) per period
+--
+-- Integer division is written out where it is needed, for integers a >= 0
+-- and b > 0 below 2^53: q = (a - a % b) / b is floor(a / b), or one more
+-- when a / b rounds up to the next integer (a % b is then negative, and
+-- a - a % b still an exact multiple of b); ceil(a / b) is q, plus one when
+-- q * b < a.
 
--- The two forms. The patterns match in one pass (no repetition but the
--- fraction's, which stops at a fixed character), and the tag is captured,
--- not written into them, so that they are constants: building a pattern
--- per call costs a string.
-local TAT = '^([1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)([12])$'
+-- The form with a fraction: no repetition but the fraction's, which stops
+-- at a fixed character, so it matches in one pass. The tag is captured, so
+-- that another bucket's state is told apart from a foreign value.
 local TAT_FRACTION = '^([1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)([12])%+([1-9]%d*)/([1-9]%d*)$'
 
--- Decides on the bucket whose state carries tag ('1' or '2'); what names it
--- in errors. Returns the script's reply.
-local function decide_gcra(tag, what)
-  local now = now_us()
-  -- n is 1 on most calls: comparing ARGV[2] with '1' (interned strings, one
-  -- pointer comparison) spares converting it.
-  local n = 1
-  if ARGV[2] ~= '1' then n = ARGV[2] + 0 end
-  local capacity = ARGV[3] + 0
-  local per = ARGV[4] + 0
-  local count = ARGV[5] + 0
-  local full = capacity * per
+local capacity = ARGV[3] + 0
+local per = ARGV[4] + 0
+local count = ARGV[5] + 0
+local full = capacity * per
 
-  -- level: ticks at now, between 0 (empty) and full. clamped: it must be
-  -- stored even if the request is denied.
-  local level, clamped = 0, false
-  local raw = redis.pcall('GET', KEYS[1])
-  if raw then
-    -- A string, or a table with err when the key holds another type: a
-    -- string indexed by err is nil (strings index the string library),
-    -- which spares calling type().
-    if raw.err then return not_ours('another type than ' .. what) end
-    local us, raw_tag = string.match(raw, TAT)
-    local num = 0
-    if us then
-      us = us + 0
-    else
-      local num_text, den_text
-      us, raw_tag, num_text, den_text = string.match(raw, TAT_FRACTION)
-      if not us then return not_ours('a value that is not ' .. what) end
+-- level: ticks at now, between 0 (empty) and full. clamped: it must be
+-- stored even if the request is denied.
+local level, clamped = 0, false
+local raw = redis.pcall('GET', KEYS[1])
+if raw then
+  -- A string, or a table with err when the key holds another type: a
+  -- string indexed by err is nil (strings index the string library),
+  -- which spares calling type().
+  if raw.err then
+    return redis.error_reply('NOTOURS holds another type than ' .. WHAT .. NOT_OURS)
+  end
+  -- The whole-µs form: one repetition, which the tag stops, and a range
+  -- check for the 16 digits.
+  local us = string.match(raw, TAT)
+  local num = 0
+  if us then
+    us = us + 0
+    if us < 1e15 or us >= 1e16 then us = nil end
+  else
+    local raw_tag, num_text, den_text
+    us, raw_tag, num_text, den_text = string.match(raw, TAT_FRACTION)
+    if us and raw_tag == TAG then
       local old_den
       us, num, old_den = us + 0, num_text + 0, den_text + 0
-      if num >= old_den then return not_ours('a value that is not ' .. what) end
-      if old_den ~= count then
+      if num >= old_den then
+        us = nil
+      elseif old_den ~= count then
         -- The rate changed: round the fraction up, so tat is never earlier.
-        num = ceil_div(num * count, old_den)
+        local ticks = num * count
+        num = (ticks - ticks % old_den) / old_den
+        if num * old_den < ticks then num = num + 1 end
         if num == count then us, num = us + 1, 0 end
       end
-    end
-    if raw_tag ~= tag then return not_ours('a value that is not ' .. what) end
-    level = (us - now) * count + num
-    if us < now or level > full then
-      -- Off the hot path: a bucket that drained (only a WithClock clock
-      -- still sees its key) or one that holds more than this
-      -- configuration's full bucket. Our keys always carry a TTL; a value
-      -- without one is someone else's.
-      local pttl = redis.call('PTTL', KEYS[1])
-      if pttl < 0 then return not_ours('a value without a TTL') end
-      if us < now then
-        level = 0
-      else
-        -- Beyond full. If the server counts the key down within this
-        -- bucket's drain time, the clock went back: store the clamp, even
-        -- on a denial, so that the key is never locked out for longer than
-        -- a full bucket drains. Else a configuration with a larger bucket
-        -- wrote it: read it as full and write nothing, so that the larger
-        -- one never gets permits back.
-        level, clamped = full, pttl <= ttl_ms(ceil_div(full, count))
-      end
-    end
-  end
-
-  local allowed, retry = false, 0
-  local need = n * per
-  if n > capacity then
-    retry = -1
-  elseif level + need <= full then
-    allowed, level = true, level + need
-  else
-    retry = ceil_div(level + need - full, count)
-  end
-
-  local reset = ceil_div(level, count)
-  if (allowed and n > 0) or clamped then
-    -- tat = now + level / count µs, its whole µs and the ticks left over.
-    local num = level % count
-    if num < 0 then num = num + count end
-    local value = string.format('%d', now + (level - num) / count) .. tag
-    if num > 0 then value = string.format('%s+%d/%d', value, num, count) end
-    if allowed and n > 0 then
-      redis.call('SET', KEYS[1], value, 'PX', ttl_ms(reset))
     else
-      -- A denial or n == 0 needs no write: best effort (maxmemory, a replica).
-      redis.pcall('SET', KEYS[1], value, 'PX', ttl_ms(reset))
+      us = nil
     end
   end
-  local remaining = idiv(full - level, per)
-  -- Remaining grows by one once the level has drained to the next permit.
-  local stable = -1
-  if remaining < capacity then stable = ceil_div(level - (full - (remaining + 1) * per), count) end
-  return reply(allowed, remaining, retry, reset, 0, stable)
+  if not us then
+    return redis.error_reply('NOTOURS holds a value that is not ' .. WHAT .. NOT_OURS)
+  end
+  level = (us - now) * count + num
+  if us < now or level > full then
+    -- Off the hot path: a bucket that drained (only a WithClock clock
+    -- still sees its key) or one that holds more than this
+    -- configuration's full bucket. Our keys always carry a TTL; a value
+    -- without one is someone else's.
+    local pttl = redis.call('PTTL', KEYS[1])
+    if pttl < 0 then
+      return redis.error_reply('NOTOURS holds a value without a TTL' .. NOT_OURS)
+    end
+    if us < now then
+      level = 0
+    else
+      -- Beyond full. If the server counts the key down within this
+      -- bucket's drain time (in whole ms, rounded up), the clock went
+      -- back: store the clamp, even on a denial, so that the key is never
+      -- locked out for longer than a full bucket drains. Else a
+      -- configuration with a larger bucket wrote it: read it as full and
+      -- write nothing, so that the larger one never gets permits back.
+      level, clamped = full, pttl * 1000 * count < full + 1000 * count
+    end
+  end
 end
+
+local allowed, retry = false, 0
+local need = n * per
+if n > capacity then
+  retry = -1
+elseif level + need <= full then
+  allowed, level = true, level + need
+else
+  -- ceil((level + need - full) / count)
+  local over = level + need - full
+  retry = (over - over % count) / count
+  if retry * count < over then retry = retry + 1 end
+end
+
+-- reset = ceil(level / count): when the bucket is back to its initial state.
+local reset = (level - level % count) / count
+if reset * count < level then reset = reset + 1 end
+if (allowed and n > 0) or clamped then
+  -- tat = now + level / count µs, its whole µs and the ticks left over.
+  local num = level % count
+  if num < 0 then num = num + count end
+  local value
+  if num == 0 then
+    value = string.format(TAT_FORMAT, now + level / count)
+  else
+    value = string.format('%d%s+%d/%d', now + (level - num) / count, TAG, num, count)
+  end
+  -- The TTL in ms, rounded up: the key lives until the bucket is back to
+  -- its initial state (reset >= 1 here).
+  local ttl = (reset - reset % 1000) / 1000
+  if ttl * 1000 < reset then ttl = ttl + 1 end
+  if allowed and n > 0 then
+    redis.call('SET', KEYS[1], value, 'PX', ttl)
+  else
+    -- A denial or n == 0 needs no write: best effort (maxmemory, a replica).
+    redis.pcall('SET', KEYS[1], value, 'PX', ttl)
+  end
+end
+-- remaining = floor((full - level) / per)
+local free = full - level
+local remaining = (free - free % per) / per
+if remaining * per > free then remaining = remaining - 1 end
+-- stable: Remaining grows by one once the level has drained to the next
+-- permit, ceil((level - (full - (remaining + 1) * per)) / count); -1 when
+-- the bucket is empty (until reset).
+local stable = -1
+if remaining < capacity then
+  local over = level - (full - (remaining + 1) * per)
+  stable = (over - over % count) / count
+  if stable * count < over then stable = stable + 1 end
+end
+-- The reply of six integers (reply in common.lua): allowed, remaining,
+-- retry-after, reset-after, the strategy (0), stable. Each %d is a sprintf,
+-- the dearest part of a reply: a denial with nothing left (the hot path of
+-- an exhausted bucket) formats each distinct duration once.
+if allowed then
+  return string.format('1 %d 0 %d 0 %d', remaining, reset, stable)
+end
+if remaining > 0 or retry ~= stable then
+  return string.format('0 %d %d %d 0 %d', remaining, retry, reset, stable)
+end
+local retry_text = string.format('%d', retry)
+return '0 0 ' .. retry_text .. ' ' .. string.format('%d', reset) .. ' 0 ' .. retry_text

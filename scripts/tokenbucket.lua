@@ -2,8 +2,8 @@
 -- continuously at `count` tokens per `per` µs, up to capacity; a request of n
 -- is allowed if n tokens are there, and takes them (GCRA: one stored time).
 --
--- Joined after common.lua and gcra.lua: decide_gcra (gcra.lua) decides, on
--- the missing tokens, full - tokens, in ticks of 1/count µs of refill (one
+-- Joined after prelude.lua; gcra.lua follows and decides, on the
+-- missing tokens, full - tokens, in ticks of 1/count µs of refill (one
 -- token is `per` ticks): a token bucket's missing tokens are a leaky
 -- bucket's level. Its state's tag is 2. ARGV (see gcra.lua):
 --
@@ -13,4 +13,8 @@
 -- ARGV[4] per       refill period (µs), reduced with count
 -- ARGV[5] count     tokens refilled per period
 
-return decide_gcra('2', 'a token bucket')
+-- The state's tag; the whole-µs form's pattern and format with the tag
+-- written in, constants rather than built per call (see gcra.lua); what
+-- names the bucket in errors.
+local TAG, TAT, TAT_FORMAT = '2', '^([1-9]%d*)2$', '%d2'
+local WHAT = 'a token bucket'
