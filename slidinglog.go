@@ -10,7 +10,7 @@ import (
 	"github.com/redlimit/redlimit/internal/engine"
 )
 
-var slidingLogScript = loadScript("common.lua", "sliding.lua", "buckets.lua")
+var slidingLogScript = loadScript("prelude.lua", "sliding.lua", "common.lua", "buckets.lua")
 
 // SlidingLog enforces several sliding-window limits at once (say 10 per
 // second and 500 per hour) over one shared set of buckets of precision, in

@@ -6,7 +6,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var slidingWindowScript = loadScript("common.lua", "sliding.lua", "buckets.lua")
+var slidingWindowScript = loadScript("prelude.lua", "sliding.lua", "common.lua", "buckets.lua")
 
 // SlidingWindow grants at most limit permits in any window, counted in
 // buckets of precision aligned to the Unix epoch: a request at time t counts

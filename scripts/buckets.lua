@@ -1,7 +1,8 @@
 -- buckets.lua: the bucket log shared by the sliding window and the sliding log.
--- Joined after common.lua (it uses idiv, ceil_div, ttl_ms, reply, not_ours)
--- and sliding.lua (now, n, own, precision, limits, sizes, raw, read_bucket,
--- log_cache), and run only for the states sliding.lua leaves to it.
+-- Joined last, after prelude.lua (now, n), sliding.lua (own, precision,
+-- limits, sizes, raw, read_bucket, log_cache, stored_tail, stored_count)
+-- and common.lua (idiv, ceil_div, ttl_ms, reply, not_ours); it runs only
+-- for the states sliding.lua leaves to it.
 --
 -- Time is cut into buckets of `precision` µs aligned to the Unix epoch:
 -- bucket index = floor(µs / precision). A strategy (limit, size) counts the

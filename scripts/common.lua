@@ -1,8 +1,9 @@
--- common.lua: helpers the sliding scripts start with. The Go side joins
--- this file first, then buckets.lua, then the script's body, into one
--- script. It uses nothing it does not define. (The fixed window and the
--- buckets start with prelude.lua instead, which defines no function: see
--- there.)
+-- common.lua: helpers of the sliding scripts' general path. The Go side
+-- joins prelude.lua, sliding.lua, this file and buckets.lua into one
+-- script; sliding.lua decides most calls and returns before this file
+-- runs, so these helpers cost their closures only on the calls buckets.lua
+-- decides. It uses nothing it does not define. (The fixed window and the
+-- buckets join prelude.lua alone, and write the little they need out.)
 --
 -- Every script takes one key, KEYS[1], and ARGV[1] = now in Unix µs, or ""
 -- to read the Redis server's TIME; ARGV[2] = n, the permits asked for.
@@ -10,12 +11,11 @@
 -- (doubles): exact below 2^53, and the Go side keeps every value under it.
 -- Every script replies with one string of six integers, see reply().
 --
--- These run on every call, in Redis's time: the whole chunk runs each call,
--- so every helper here costs a closure per call, and a C function (math.*,
--- tonumber, string.*) costs several times a Lua operator. Hence `%` rather
--- than math.floor, comparisons rather than math.max, and `s + 0` (Lua's own
--- string-to-number coercion) rather than tonumber for the numbers Redis and
--- the Go side send, which are always decimal integers.
+-- A C function (math.*, tonumber, string.*) costs several times a Lua
+-- operator. Hence `%` rather than math.floor, comparisons rather than
+-- math.max, and `s + 0` (Lua's own string-to-number coercion) rather than
+-- tonumber for the numbers Redis and the Go side send, which are always
+-- decimal integers.
 
 -- floor(a / b) for integers a >= 0, b > 0, exact even where a / b rounds:
 -- a % b is a - floor(a / b) * b, exact below 2^53, and negative only when
@@ -32,13 +32,6 @@ local function ceil_div(a, b)
   if r < 0 then r = r + b end
   if r == 0 then return a / b end
   return (a - r) / b + 1
-end
-
--- Writing after TIME needs effects replication, the default since Redis 5.
-local function now_us()
-  if ARGV[1] ~= '' then return ARGV[1] + 0 end
-  local t = redis.call('TIME')
-  return t[1] * 1000000 + t[2]
 end
 
 -- A key's TTL in ms for state that is back to its initial value after

@@ -6,8 +6,8 @@
 -- server's TIME, ARGV[2] n; the reply of six integers; the NOTOURS error)
 -- with statements: what is here sets locals, and defines no function.
 
--- now_us in common.lua. Writing after TIME needs effects replication, the
--- default since Redis 5.
+-- Now, from ARGV or the server's TIME. Writing after TIME needs effects
+-- replication, the default since Redis 5.
 local now
 if ARGV[1] == '' then
   local t = redis.call('TIME')

@@ -2,8 +2,9 @@
 -- several over one shared set of buckets, allowed only if every strategy
 -- allows. The reply names the strategy reported: when denied, the one with
 -- the longest retry; when allowed, the one with the fewest permits left.
--- Joined after common.lua and before buckets.lua, which describes the state
--- and decides every case this file leaves.
+-- Joined after prelude.lua (now, n, NOT_OURS) and before common.lua and
+-- buckets.lua, which describes the state and decides every case this file
+-- leaves.
 --
 -- ARGV[1] now (µs, or "" for server TIME)
 -- ARGV[2] n          permits asked for (>= 0)
@@ -21,14 +22,12 @@
 -- meta then starts with own), the tail is not in the clock's future and the
 -- windows have not all emptied. It is buckets.lua's path for that state,
 -- step for step: the same reads, writes and reply. Every other state falls
--- through, before a bucket is read, to buckets.lua, whose helpers are only
--- created when it runs: every function a script defines costs Redis a
--- closure on every call that reaches its definition.
+-- through, before a bucket is read, to common.lua and buckets.lua, whose
+-- helpers are only created when they run: every function a script defines
+-- costs Redis a closure on every call that reaches its definition. So this
+-- file defines none but the bucket reader, and only for the calls that may
+-- read a bucket; what common.lua's helpers do is written out here.
 
-local now = now_us()
--- n is 1 on most calls: comparing strings spares a conversion.
-local n = 1
-if ARGV[2] ~= '1' then n = ARGV[2] + 0 end
 local own, precision = ARGV[3], ARGV[4] + 0
 -- Tables built by a constructor get their size at once; growing an empty
 -- table costs a rehash.
@@ -60,7 +59,8 @@ local fast = false
 local P, keep, b = precision, sizes[S], 0
 local tail, tail_count, head, all, cursors, totals
 if m and m[1] then
-  tail, b = m[1] + 0, idiv(now, precision)
+  -- idiv(now, precision): now >= 0.
+  tail, b = m[1] + 0, (now - now % precision) / precision
   if tail <= b and tail > b - keep then
     cursors, totals = {m[3] + 0}, {m[4] + 0}
     for i = 2, S do cursors[i], totals[i] = m[1 + 2 * i] + 0, m[2 + 2 * i] + 0 end
@@ -241,7 +241,8 @@ repeat
     if cursors[i] ~= -1 then
       local leaves = (cursors[i] + sizes[i]) * P - now
       if stale and stale[i] then leaves = 0 end
-      if stable == -1 or leaves < stable then stable = math.max(0, leaves) end
+      if leaves < 0 then leaves = 0 end
+      if stable == -1 or leaves < stable then stable = leaves end
     end
   end
   if retry > reset then reset = retry end
@@ -270,10 +271,34 @@ repeat
     else
       call('HSET', KEYS[1], 'm', meta)
     end
-    if tail_moved then call('PEXPIRE', KEYS[1], ttl_ms((tail + keep) * P - now)) end
+    if tail_moved then
+      -- ttl_ms: the log empties in expire > 0 µs; rounded up to the ms.
+      local expire = (tail + keep) * P - now
+      local ms = (expire - expire % 1000) / 1000
+      if expire % 1000 > 0 then ms = ms + 1 end
+      call('PEXPIRE', KEYS[1], ms)
+    end
   end
-  do return reply(allowed, fewest, retry, reset, reported - 1, stable) end
+  -- reply() in common.lua: six integers, the constant ones written in,
+  -- and a denial with nothing left formats each distinct duration once.
+  if fewest < 0 then fewest = 0 end
+  if reported > 1 then
+    do return string.format('%d %d %d %d %d %d', allowed and 1 or 0, fewest, retry, reset, reported - 1, stable) end
+  elseif allowed then
+    do return string.format('1 %d 0 %d 0 %d', fewest, reset, stable) end
+  elseif fewest > 0 or retry == -1 then
+    do return string.format('0 %d %d %d 0 %d', fewest, retry, reset, stable) end
+  end
+  local retry_text = string.format('%d', retry)
+  local reset_text, stable_text = retry_text, retry_text
+  if reset ~= retry then reset_text = string.format('%d', reset) end
+  if stable == reset then
+    stable_text = reset_text
+  elseif stable ~= retry then
+    stable_text = string.format('%d', stable)
+  end
+  do return '0 0 ' .. retry_text .. ' ' .. reset_text .. ' 0 ' .. stable_text end
 until true
 if bad then
-  return not_ours('a hash that is not a ' .. (string.sub(own, 1, 1) == 'W' and 'sliding window' or 'sliding log'))
+  return redis.error_reply('NOTOURS holds a hash that is not a ' .. (string.sub(own, 1, 1) == 'W' and 'sliding window' or 'sliding log') .. NOT_OURS)
 end
