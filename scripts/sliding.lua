@@ -43,9 +43,13 @@ end
 local raw = redis.pcall('HGET', KEYS[1], 'm')
 local m
 if raw and not raw.err and string.find(raw, own, 1, true) == 1 then
+  -- Constant patterns for one and two strategies: building one costs.
   if S == 1 then
     m = {string.match(raw, '^ ([1-9]%d*) (%d+) (%-?%d+) (%d+)$', #own + 1)}
     if not m[1] then m = {string.match(raw, '^ ([1-9]%d*) (%d+) (%-?%d+) (%d+) (%d+) (%d+)$', #own + 1)} end
+  elseif S == 2 then
+    m = {string.match(raw, '^ ([1-9]%d*) (%d+) (%-?%d+) (%d+) (%-?%d+) (%d+)$', #own + 1)}
+    if not m[1] then m = {string.match(raw, '^ ([1-9]%d*) (%d+) (%-?%d+) (%d+) (%-?%d+) (%d+) (%d+) (%d+)$', #own + 1)} end
   else
     local rest = '^ ([1-9]%d*) (%d+)' .. string.rep(' (%-?%d+) (%d+)', S)
     m = {string.match(raw, rest .. '$', #own + 1)}
@@ -252,10 +256,19 @@ repeat
     local call = redis.pcall
     if allowed and n > 0 then call = redis.call end
     if dead then call('HDEL', KEYS[1], unpack(dead)) end
+    -- The common metas, one or two windows and no head: constant formats.
     local meta
-    if S == 1 and head == cursors[1] and all == totals[1] and head ~= -1 then
-      -- The common case: head and all are the window's cursor and total.
-      meta = own .. string.format(' %d %d %d %d', tail, tail_count, tail - head, all)
+    local implicit = head == cursors[S] and all == totals[S] and head ~= -1
+    if implicit and S <= 2 then
+      local c1 = cursors[1]
+      if c1 ~= -1 then c1 = tail - c1 end
+      if S == 1 then
+        meta = own .. string.format(' %d %d %d %d', tail, tail_count, c1, totals[1])
+      else
+        local c2 = cursors[2]
+        if c2 ~= -1 then c2 = tail - c2 end
+        meta = own .. string.format(' %d %d %d %d %d %d', tail, tail_count, c1, totals[1], c2, totals[2])
+      end
     else
       local fields = {tail, tail_count}
       for i = 1, S do
@@ -263,7 +276,7 @@ repeat
         if c ~= -1 then c = tail - c end
         fields[1 + 2 * i], fields[2 + 2 * i] = c, totals[i]
       end
-      if head ~= cursors[S] or all ~= totals[S] or head == -1 then fields[3 + 2 * S], fields[4 + 2 * S] = tail - head, all end
+      if not implicit then fields[3 + 2 * S], fields[4 + 2 * S] = tail - head, all end
       meta = own .. string.format(string.rep(' %d', #fields), unpack(fields))
     end
     if moved then
