@@ -52,24 +52,24 @@ func writeLog(e *environment, key string, indices []int64, cursor int64, total i
 			fields = fields[:0:0]
 		}
 	}
-	for i, idx := range indices {
-		v := "1"
-		if i+1 < len(indices) {
-			v = "1 " + strconv.FormatInt(indices[i+1], 10)
-		}
-		fields = append(fields, strconv.FormatInt(idx, 10), v)
+	// Every bucket but the tail, whose count the meta holds.
+	for i, idx := range indices[:len(indices)-1] {
+		fields = append(fields, strconv.FormatInt(idx, 10), "1 "+strconv.FormatInt(indices[i+1], 10))
 		if len(fields) == cap(fields) {
 			flush()
 		}
 	}
 	flush()
 	tail := indices[len(indices)-1]
-	// P E, prec (0: P) size limit upto, tail tail_count head all, cursor
-	// total: the limiter's own strategy, its last grant at the tail. All
-	// indices but the tail are stored relative to it (upto as upto - tail
-	// - size).
-	meta := fmt.Sprintf("W %d 1 0 %d %d 0 %d 1 %d %d %d %d",
-		advPrecision.Microseconds(), size, int64(advLimit), tail, tail-indices[0], total, tail-cursor, total)
+	// Format 4: P E, prec (0: P) size limit upto, tail tail_count, cursor
+	// total, and head all when the head is not the cursor: the limiter's
+	// own strategy, its last grant at the tail. All indices but the tail
+	// are stored relative to it (upto as upto - tail - size).
+	meta := fmt.Sprintf("W4 %d 1 0 %d %d 0 %d 1 %d %d",
+		advPrecision.Microseconds(), size, int64(advLimit), tail, tail-cursor, total)
+	if indices[0] != cursor {
+		meta += fmt.Sprintf(" %d %d", tail-indices[0], total)
+	}
 	pipe.HSet(e.ctx, key, "m", meta)
 	pipe.PExpire(e.ctx, key, 3*advWindow)
 	_, err := pipe.Exec(e.ctx)

@@ -59,26 +59,27 @@ return ARGV[2]`, "17950000000000002", "1 999999 0 60 0 60"},
 		"hot": {stringHot, "17950000000000002", "0 0 9876 999999 0 9876"},
 	},
 	"sliding_window": {
-		// HGET of the meta field, HSET of the meta and now's bucket.
+		// HGET of the meta field, HSET of the meta, which holds the newest
+		// bucket's count (format 4).
 		"allow": {`redis.call('TIME')
 redis.call('HGET', KEYS[1], 'm')
-redis.call('HSET', KEYS[1], 'm', ARGV[1], '299166666', '12')
-return ARGV[2]`, "w 6000000 1 10 299166666 5 299166657 10 12 299166657 12", "1 999988 0 60000000 0 5999999"},
+redis.call('HSET', KEYS[1], 'm', ARGV[1])
+return ARGV[2]`, "W4 6000000 1 0 10 1000000 0 299166666 12 9 12", "1 999988 0 60000000 0 5999999"},
 		// HGET of the meta field and of the bucket that leaves the window.
 		"hot": {`redis.call('TIME')
 if not redis.call('HGET', KEYS[1], 'm') then redis.call('HSET', KEYS[1], 'm', ARGV[1]) redis.call('PEXPIRE', KEYS[1], 1000) end
 redis.call('HGET', KEYS[1], '299166657')
-return ARGV[2]`, "w 100000 1 10 299166666 5 299166657 10 100 299166657 100", "0 0 41234 1000000 0 41234"},
+return ARGV[2]`, "W4 100000 1 0 10 100 0 299166666 5 9 100", "0 0 41234 1000000 0 41234"},
 	},
 	"sliding_log": {
 		"allow": {`redis.call('TIME')
 redis.call('HGET', KEYS[1], 'm')
-redis.call('HSET', KEYS[1], 'm', ARGV[1], '299166666', '12')
-return ARGV[2]`, "l 6000000 2 10 100 299166666 5 299166567 100 40 299166657 12 299166567 40", "1 999988 0 600000000 0 5999999"},
+redis.call('HSET', KEYS[1], 'm', ARGV[1])
+return ARGV[2]`, "L4 6000000 2 0 10 1000000 0 0 100 10000000 0 299166666 12 9 12 99 40", "1 999988 0 600000000 0 5999999"},
 		"hot": {`redis.call('TIME')
 if not redis.call('HGET', KEYS[1], 'm') then redis.call('HSET', KEYS[1], 'm', ARGV[1]) redis.call('PEXPIRE', KEYS[1], 1000) end
 redis.call('HGET', KEYS[1], '299166657')
-return ARGV[2]`, "l 100000 2 10 100 299166666 5 299166567 100 400 299166657 100 299166567 400", "0 0 41234 10000000 0 41234"},
+return ARGV[2]`, "L4 100000 2 0 10 100 0 0 100 1000 0 299166666 5 9 100 99 400", "0 0 41234 10000000 0 41234"},
 	},
 }
 
