@@ -29,12 +29,17 @@
 -- read a bucket; what common.lua's helpers do is written out here.
 
 local own, precision = ARGV[3], ARGV[4] + 0
--- Tables built by a constructor get their size at once; growing an empty
--- table costs a rehash.
-local limits, sizes = {ARGV[5] + 0}, {ARGV[6] + 0}
+-- Tables built by a constructor get their size at once; each growth of
+-- one costs a rehash.
 local S = (#ARGV - 4) / 2
-for i = 2, S do
-  limits[i], sizes[i] = ARGV[3 + 2 * i] + 0, ARGV[4 + 2 * i] + 0
+local limits, sizes
+if S == 1 then
+  limits, sizes = {ARGV[5] + 0}, {ARGV[6] + 0}
+else
+  limits, sizes = {ARGV[5] + 0, ARGV[7] + 0}, {ARGV[6] + 0, ARGV[8] + 0}
+  for i = 3, S do
+    limits[i], sizes[i] = ARGV[3 + 2 * i] + 0, ARGV[4 + 2 * i] + 0
+  end
 end
 
 -- The meta after own: tail tail_count (cursor total)*S [head all], as
@@ -66,8 +71,12 @@ if m and m[1] then
   -- idiv(now, precision): now >= 0.
   tail, b = m[1] + 0, (now - now % precision) / precision
   if tail <= b and tail > b - keep then
-    cursors, totals = {m[3] + 0}, {m[4] + 0}
-    for i = 2, S do cursors[i], totals[i] = m[1 + 2 * i] + 0, m[2 + 2 * i] + 0 end
+    if S == 1 then
+      cursors, totals = {m[3] + 0}, {m[4] + 0}
+    else
+      cursors, totals = {m[3] + 0, m[5] + 0}, {m[4] + 0, m[6] + 0}
+      for i = 3, S do cursors[i], totals[i] = m[1 + 2 * i] + 0, m[2 + 2 * i] + 0 end
+    end
     for i = 1, S do
       if cursors[i] ~= -1 then cursors[i] = tail - cursors[i] end
     end
