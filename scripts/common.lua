@@ -45,7 +45,8 @@ end
 -- allowed (bool), remaining permits, retry-after µs (-1: never), reset-after
 -- µs, the index of the reported strategy (sliding log; 0 otherwise), and
 -- stable µs: how long Remaining stays as it is if nothing is granted (-1:
--- until reset), which bounds how long a deny cache may repeat this reply.
+-- until reset), which bounds how long a deny cache may repeat a denial (an
+-- allowed reply may say -1: only denials are cached).
 -- An allowed reply's retry-after is 0.
 --
 -- Each %d is a sprintf, the dearest part of a reply: constant fields are

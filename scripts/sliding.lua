@@ -307,7 +307,8 @@ repeat
   if reported > 1 then
     do return string.format('%d %d %d %d %d %d', allowed and 1 or 0, fewest, retry, reset, reported - 1, stable) end
   elseif allowed then
-    do return string.format('1 %d 0 %d 0 %d', fewest, reset, stable) end
+    -- Only a denial's stable is read (the deny cache keeps denials).
+    do return string.format('1 %d 0 %d 0 -1', fewest, reset) end
   elseif fewest > 0 or retry == -1 then
     do return string.format('0 %d %d %d 0 %d', fewest, retry, reset, stable) end
   end

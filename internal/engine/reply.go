@@ -19,7 +19,9 @@ type Reply struct {
 	Strategy   int // sliding log: index of the reported strategy; 0 otherwise
 	// Stable is how long Remaining stays as it is if nothing is granted:
 	// until then, the same request gets the same Result but for its
-	// durations counting down. Never: until ResetAfter.
+	// durations counting down. Never: until ResetAfter. Only a denial's
+	// is read (the deny cache keeps denials alone), and an allowed reply
+	// may say Never without it being so: a script spares the sprintf.
 	Stable time.Duration
 	// Fallback is non-nil when Config.Fallback decided instead of Redis: its
 	// own result, for the caller to report as it is.
