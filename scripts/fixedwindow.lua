@@ -35,13 +35,13 @@
 -- it matches in one pass. The short form is read without a capture, below.
 local WINDOW_LEN = '^([1-9]%d*) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) ([1-9]%d*) 3$'
 
-local limit = ARGV[3] + 0
 local window = ARGV[4] + 0
 
 local count, window_end, len = 0, 0, window
--- end_text: window_end's 16 digits as the short form stored them, written
--- back as they are while the window stands (a sprintf less).
-local end_text
+-- The short form's count and end as they are stored: the count is only
+-- converted off the hot path of an exhausted key, below, and the end's 16
+-- digits are written back as they are while the window stands.
+local count_text, end_text
 -- clamp: the clock went back, and the window must be cut to its length from
 -- now, even on a denial, so that the key is never locked out for longer.
 local clamp = false
@@ -58,7 +58,7 @@ if raw then
   -- count the rest (at least one digit, the first not 0).
   local size = #raw
   if size >= 18 and string.find(raw, '^[1-9]%d*3$') then
-    count = string.sub(raw, 1, size - 17) + 0
+    count_text = string.sub(raw, 1, size - 17)
     end_text = string.sub(raw, size - 16, size - 1)
     window_end = end_text + 0
     if window_end < 1e15 or window_end >= 5e15 then
@@ -87,7 +87,19 @@ if raw then
       window_end, clamp = now + len, true
     end
   end
+  if count_text then
+    -- The hot path of an exhausted key: this configuration's own window
+    -- (the short form), not over, its count the limit (both canonical
+    -- decimals: equal as text), and a request for one permit. Denied until
+    -- the window ends, as below, without converting the count or the limit.
+    if count_text == ARGV[3] and n == 1 and window_end > now and not clamp then
+      local text = string.format('%d', window_end - now)
+      return '0 0 ' .. text .. ' ' .. text .. ' 0 -1'
+    end
+    count = count_text + 0
+  end
 end
+local limit = ARGV[3] + 0
 -- This configuration's view: the window lasts at least its own length.
 local start = window_end - len
 local view_end = window_end
@@ -115,7 +127,14 @@ end
 
 local reset = 0
 if count > 0 then reset = view_end - now end
-if write or clamp then
+if write == 'KEEPTTL' and end_text and count <= 91 and ARGV[5] ~= '1' then
+  -- The short form up to a count of 91 is one integer below 2^63: INCRBY
+  -- of n * 10^17 adds n to its count in place and keeps the TTL, with no
+  -- value to format.
+  local step = '100000000000000000'
+  if n > 1 then step = string.format('%d00000000000000000', n) end
+  redis.call('INCRBY', KEYS[1], step)
+elseif write or clamp then
   local value
   if ARGV[5] == '1' or len ~= window then
     value = string.format('%d %016d %d 3', count, window_end, len)

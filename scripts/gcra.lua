@@ -39,7 +39,10 @@ local TAT_FRACTION = '^([1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)([12])%+([1-9]%d*)/(
 
 local capacity = ARGV[3] + 0
 local per = ARGV[4] + 0
-local count = ARGV[5] + 0
+-- count is 1 whenever the period is a whole number of µs per permit: as
+-- with n, the comparison spares a conversion.
+local count = 1
+if ARGV[5] ~= '1' then count = ARGV[5] + 0 end
 local full = capacity * per
 
 -- level: ticks at now, between 0 (empty) and full. clamped: it must be
@@ -136,11 +139,14 @@ if (allowed and n > 0) or clamped then
   -- its initial state (reset >= 1 here).
   local ttl = (reset - reset % 1000) / 1000
   if ttl * 1000 < reset then ttl = ttl + 1 end
+  -- As text: cheaper than a number argument, which Redis formats itself
+  -- (callgrind: about 600 instructions a grant).
+  local ttl_text = string.format('%d', ttl)
   if allowed and n > 0 then
-    redis.call('SET', KEYS[1], value, 'PX', ttl)
+    redis.call('SET', KEYS[1], value, 'PX', ttl_text)
   else
     -- A denial or n == 0 needs no write: best effort (maxmemory, a replica).
-    redis.pcall('SET', KEYS[1], value, 'PX', ttl)
+    redis.pcall('SET', KEYS[1], value, 'PX', ttl_text)
   end
 end
 -- remaining = floor((full - level) / per)
@@ -158,13 +164,12 @@ if remaining < capacity then
 end
 -- The reply of six integers (reply in common.lua): allowed, remaining,
 -- retry-after, reset-after, the strategy (0), stable. Each %d is a sprintf,
--- the dearest part of a reply: a denial with nothing left (the hot path of
--- an exhausted bucket) formats each distinct duration once.
+-- the dearest part of a reply, and one format is cheaper than joining
+-- several.
 if allowed then
   return string.format('1 %d 0 %d 0 %d', remaining, reset, stable)
 end
-if remaining > 0 or retry ~= stable then
-  return string.format('0 %d %d %d 0 %d', remaining, retry, reset, stable)
+if remaining == 0 then
+  return string.format('0 0 %d %d 0 %d', retry, reset, stable)
 end
-local retry_text = string.format('%d', retry)
-return '0 0 ' .. retry_text .. ' ' .. string.format('%d', reset) .. ' 0 ' .. retry_text
+return string.format('0 %d %d %d 0 %d', remaining, retry, reset, stable)
