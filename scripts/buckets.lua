@@ -65,7 +65,6 @@ local function corrupt(tag)
   return not_ours('a hash that is not a ' .. (tag == 'w' and 'sliding window' or 'sliding log'))
 end
 
-
 -- An entry's window in buckets of the grid P: its own size on its own grid,
 -- else enough buckets of P to cover any window of it.
 local function eff_size(e, P)
