@@ -38,7 +38,6 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/faultproxy"
@@ -58,25 +57,6 @@ const (
 	relRecovery  = time.Second + DefaultBreakerCooldown // go-redis re-dials once a second, then the breaker's probe
 	relDialSlack = 250 * time.Millisecond
 )
-
-// relOptions are the go-redis options a service that wants to fail fast
-// would use, and what the README recommends: short dial, read and write
-// timeouts, ctx deadlines honoured, no retries (a retried EVALSHA after a
-// lost reply would take a second permit).
-func relOptions(addr string) *redis.Options {
-	return &redis.Options{
-		Addr:                     addr,
-		DialTimeout:              200 * time.Millisecond,
-		ReadTimeout:              relDeadline,
-		WriteTimeout:             relDeadline,
-		PoolTimeout:              relDeadline,
-		ContextTimeoutEnabled:    true,
-		MaxRetries:               -1,
-		DialerRetries:            1,
-		DisableIdentity:          true,
-		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-	}
-}
 
 // relLimiters returns one limiter per algorithm on rdb, in registry order,
 // each granting exactly limit permits per key for as long as a test runs
@@ -358,12 +338,14 @@ func relCommandCalls(t *testing.T, rdb *redis.Client, command string) int64 {
 	return 0
 }
 
-// relClients returns n clients on addr, with opts applied, closed at cleanup.
+// relClients returns n clients on addr with RecommendedOptions (the ctx
+// deadline of each call, relDeadline, comes before their timeouts), with
+// opts applied, closed at cleanup.
 func relClients(t *testing.T, n int, addr string, opts func(*redis.Options)) []*redis.Client {
 	t.Helper()
 	var rdbs []*redis.Client
 	for range n {
-		o := relOptions(addr)
+		o := RecommendedOptions(addr)
 		if opts != nil {
 			opts(o)
 		}
@@ -857,18 +839,19 @@ func TestReliabilityClusterMasterDown(t *testing.T) {
 	ctx := context.Background()
 
 	opts := func() *redis.ClusterOptions {
-		o := relOptions("")
+		o := RecommendedOptions("") // as a cluster client's options
+
 		return &redis.ClusterOptions{
 			Addrs:                    []string{nodes[0].Addr(), nodes[1].Addr(), nodes[2].Addr()},
 			DialTimeout:              o.DialTimeout,
 			ReadTimeout:              o.ReadTimeout,
 			WriteTimeout:             o.WriteTimeout,
 			PoolTimeout:              o.PoolTimeout,
-			ContextTimeoutEnabled:    true,
-			MaxRetries:               -1,
+			ContextTimeoutEnabled:    o.ContextTimeoutEnabled,
+			MaxRetries:               o.MaxRetries,
 			MaxRedirects:             1,
-			DialerRetries:            1,
-			DisableIdentity:          true,
+			DialerRetries:            o.DialerRetries,
+			DisableIdentity:          o.DisableIdentity,
 			MaintNotificationsConfig: o.MaintNotificationsConfig,
 		}
 	}
