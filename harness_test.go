@@ -365,3 +365,41 @@ func (r *commandRecorder) dialed() int {
 	defer r.mu.Unlock()
 	return r.dials
 }
+
+// ttlKeeper is a go-redis hook for traces on a fake clock against a real
+// server, which expires keys in real time: the TTLs the scripts set are in
+// fake time, often milliseconds. After every decision it sets the decided
+// key's TTL to ttl, in the same round trip as the decision (the two are
+// sent as one pipeline). Expiry is tested apart; a key always keeps a TTL,
+// as one without is foreign.
+type ttlKeeper struct {
+	rdb *redis.Client
+	ttl time.Duration
+}
+
+// keepTTL adds a ttlKeeper of ttl to rdb.
+func keepTTL(rdb *redis.Client, ttl time.Duration) {
+	rdb.AddHook(ttlKeeper{rdb: rdb, ttl: ttl})
+}
+
+func (k ttlKeeper) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (k ttlKeeper) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (k ttlKeeper) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c := record(cmd, nil)
+		if !c.decision {
+			return next(ctx, cmd)
+		}
+		// A pipeline runs the pipeline hooks, not this one.
+		_, _ = k.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			_ = p.Process(ctx, cmd) // queued: its reply lands in cmd
+			p.PExpire(ctx, c.key, k.ttl)
+			return nil
+		})
+		return cmd.Err()
+	}
+}
