@@ -828,6 +828,26 @@ func relStartCluster(t *testing.T) []*redistest.Server {
 	return nodes
 }
 
+// relWaitNodeFailed waits until the cluster node at addr flags the node at
+// failed as failing (fail, not just fail?), for at most timeout.
+func relWaitNodeFailed(t *testing.T, addr, failed string, timeout time.Duration) {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	for deadline := time.Now().Add(timeout); ; time.Sleep(20 * time.Millisecond) {
+		nodes, err := rdb.ClusterNodes(context.Background()).Result()
+		require.NoError(t, err, "CLUSTER NODES on %s", addr)
+		for line := range strings.Lines(nodes) {
+			// <id> <ip:port@cport> <flags> ...
+			fields := strings.Fields(line)
+			if len(fields) > 2 && strings.HasPrefix(fields[1], failed+"@") && slices.Contains(strings.Split(fields[2], ","), "fail") {
+				return
+			}
+		}
+		require.True(t, time.Now().Before(deadline), "%s has not marked %s failed after %v:\n%s", addr, failed, timeout, nodes)
+	}
+}
+
 // TestReliabilityClusterMasterDown stops one master of a 3-master cluster under
 // load. Keys on the other masters' slots keep working without an error;
 // keys on the dead master's slots fail cleanly (an error, not a denial,
@@ -898,8 +918,13 @@ func TestReliabilityClusterMasterDown(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	require.NoError(t, nodes[1].Stop(), "stopping a master")
 	stopped := time.Now()
-	// Long enough for the others to mark it failed (node timeout 500ms).
-	time.Sleep(2500 * time.Millisecond)
+	// Until the live masters mark it failed (node timeout 500ms), and a
+	// while after: the calls meet the cluster in both states.
+	for _, n := range []*redistest.Server{nodes[0], nodes[2]} {
+		relWaitNodeFailed(t, n.Addr(), dead, 10*time.Second)
+	}
+	t.Logf("the live masters marked the stopped one failed %v after the stop", time.Since(stopped))
+	time.Sleep(500 * time.Millisecond)
 	calls := load.finish(t)
 	relRequireBounded(t, calls)
 
