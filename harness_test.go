@@ -60,15 +60,41 @@ type algorithm struct {
 	name string // as Decision.Algorithm and error messages name it
 	code string // in default keys: redlimit:<code>:<config>:<key>
 	hash bool   // its state is a hash (the sliding algorithms), else a string
-	// new returns a limiter that grants a fresh key limit permits at once
-	// and regains them over period: a window of period (in buckets of
-	// period/10 for the sliding window and log; the log adds a second
-	// strategy of 2×limit per 10×period), or a bucket of capacity limit
-	// refilled (or drained) at limit per period.
-	new func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error)
+	// shaped is new with the setting new derives from limit and period set
+	// by s (see shape).
+	shaped func(rdb redis.Scripter, limit int, period time.Duration, s shape, opts ...Option) (Limiter, error)
 	// periods is how many periods a key takes from exhausted to fully
 	// available: see recovery.
 	periods int
+	// strategies is how many limits a limiter enforces: the sliding log's
+	// two, limit and 2×limit (see limits).
+	strategies int
+}
+
+// shape is the part of an algorithm's configuration that new derives from
+// limit and period, for the tests that vary it (the fuzzers). A zero field
+// takes new's value.
+type shape struct {
+	precision time.Duration // sliding window and log: bucket length (period/10)
+	count     int           // leaky and token bucket: Rate.Count per period (limit)
+}
+
+// new returns a limiter that grants a fresh key limit permits at once and
+// regains them over period: a window of period (in buckets of period/10
+// for the sliding window and log; the log adds a second strategy of
+// 2×limit per 10×period), or a bucket of capacity limit refilled (or
+// drained) at limit per period.
+func (a algorithm) new(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
+	return a.shaped(rdb, limit, period, shape{}, opts...)
+}
+
+// limits returns the limits a limiter built with limit enforces, smallest
+// first.
+func (a algorithm) limits(limit int) []int {
+	if a.strategies == 2 {
+		return []int{limit, 2 * limit}
+	}
+	return []int{limit}
 }
 
 // recovery is the time a limiter built with period takes from exhausted
@@ -77,27 +103,43 @@ func (a algorithm) recovery(period time.Duration) time.Duration {
 	return time.Duration(a.periods) * period
 }
 
+// precisionOr returns the precision s sets, or period/10.
+func (s shape) precisionOr(period time.Duration) time.Duration {
+	if s.precision != 0 {
+		return s.precision
+	}
+	return period / 10
+}
+
+// rateOr returns the refill rate s sets, or limit per period.
+func (s shape) rateOr(limit int, period time.Duration) Rate {
+	if s.count != 0 {
+		return Rate{Count: s.count, Per: period}
+	}
+	return Rate{Count: limit, Per: period}
+}
+
 // algorithms is the registry of the five algorithms.
 var algorithms = []algorithm{
-	{name: "fixed_window", code: "fw", periods: 1,
-		new: func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
+	{name: "fixed_window", code: "fw", periods: 1, strategies: 1,
+		shaped: func(rdb redis.Scripter, limit int, period time.Duration, _ shape, opts ...Option) (Limiter, error) {
 			return NewFixedWindow(rdb, limit, period, opts...)
 		}},
-	{name: "sliding_window", code: "sw", hash: true, periods: 1,
-		new: func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
-			return NewSlidingWindow(rdb, limit, period, period/10, opts...)
+	{name: "sliding_window", code: "sw", hash: true, periods: 1, strategies: 1,
+		shaped: func(rdb redis.Scripter, limit int, period time.Duration, s shape, opts ...Option) (Limiter, error) {
+			return NewSlidingWindow(rdb, limit, period, s.precisionOr(period), opts...)
 		}},
-	{name: "sliding_log", code: "sl", hash: true, periods: 10,
-		new: func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
-			return NewSlidingLog(rdb, period/10, []Strategy{{Limit: limit, Window: period}, {Limit: 2 * limit, Window: 10 * period}}, opts...)
+	{name: "sliding_log", code: "sl", hash: true, periods: 10, strategies: 2,
+		shaped: func(rdb redis.Scripter, limit int, period time.Duration, s shape, opts ...Option) (Limiter, error) {
+			return NewSlidingLog(rdb, s.precisionOr(period), []Strategy{{Limit: limit, Window: period}, {Limit: 2 * limit, Window: 10 * period}}, opts...)
 		}},
-	{name: "leaky_bucket", code: "lb", periods: 1,
-		new: func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
-			return NewLeakyBucket(rdb, limit, Rate{Count: limit, Per: period}, opts...)
+	{name: "leaky_bucket", code: "lb", periods: 1, strategies: 1,
+		shaped: func(rdb redis.Scripter, limit int, period time.Duration, s shape, opts ...Option) (Limiter, error) {
+			return NewLeakyBucket(rdb, limit, s.rateOr(limit, period), opts...)
 		}},
-	{name: "token_bucket", code: "tb", periods: 1,
-		new: func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
-			return NewTokenBucket(rdb, limit, Rate{Count: limit, Per: period}, opts...)
+	{name: "token_bucket", code: "tb", periods: 1, strategies: 1,
+		shaped: func(rdb redis.Scripter, limit int, period time.Duration, s shape, opts ...Option) (Limiter, error) {
+			return NewTokenBucket(rdb, limit, s.rateOr(limit, period), opts...)
 		}},
 }
 
