@@ -5,11 +5,15 @@ package redlimit
 //   - algorithms, the registry of the five algorithms: a test of something
 //     every algorithm does loops over it (`for _, alg := range algorithms`)
 //     and builds each with alg.new(rdb, limit, period, opts...);
-//   - forEachBackend, which runs a test on miniredis and on a real
-//     redis-server, in parallel, each with keys of its own;
+//   - forEachBackend, which runs a test on miniredis (over an in-memory
+//     pipe) and on a real redis-server, in parallel, each with keys of its
+//     own;
 //   - newClock, a fake clock for WithClock, starting at epoch;
 //   - commandRecorder, a go-redis hook recording the commands a client
 //     sends (decisions by key, NOSCRIPT answers, dials);
+//   - keepTTL, a go-redis hook keeping the keys of a fake-clock trace alive
+//     on a real server;
+//   - RecommendedOptions, the go-redis options of a client that fails fast;
 //   - deadRedis, a client of a Redis that is not there.
 //
 // Tests that kill, stop or reconfigure a server start their own
@@ -419,10 +423,15 @@ type ttlKeeper struct {
 	ttl time.Duration
 }
 
-// keepTTL adds a ttlKeeper of ttl to rdb.
+// keepTTL adds a ttlKeeper of ttl to rdb, unless it has one.
 func keepTTL(rdb *redis.Client, ttl time.Duration) {
-	rdb.AddHook(ttlKeeper{rdb: rdb, ttl: ttl})
+	if _, had := ttlKept.LoadOrStore(rdb, true); !had {
+		rdb.AddHook(ttlKeeper{rdb: rdb, ttl: ttl})
+	}
 }
+
+// ttlKept holds the clients keepTTL has hooked.
+var ttlKept sync.Map
 
 func (k ttlKeeper) DialHook(next redis.DialHook) redis.DialHook { return next }
 
