@@ -79,16 +79,12 @@ func callWithin(l Limiter, key string, deadline time.Duration) (time.Duration, e
 // breaker opens after its failures, answers at once with ErrUnavailable
 // wrapping the refused dial, lets one probe through after the cooldown, and
 // closes when Redis is back.
-//
-// The subtests run in parallel with each other, each with its own server
-// and client (after PoolSize failed dials in a row, go-redis stops dialing
-// for up to a second on its own), and not with other tests: they measure
-// time.
 func TestBreakerOnKilledRedis(t *testing.T) {
+	srv := redistest.Start(t)
 	for _, alg := range algorithms {
 		t.Run(alg.name, func(t *testing.T) {
-			t.Parallel()
-			srv := redistest.Start(t)
+			// A client each: after PoolSize failed dials in a row, go-redis
+			// stops dialing for up to a second on its own.
 			rdb := recommendedClient(t, srv.Addr())
 			h := newBreakerHarness(t, 3, time.Second)
 			l, err := alg.new(rdb, 4, time.Second, WithBreaker(h.Breaker))
@@ -138,32 +134,22 @@ func TestBreakerOnKilledRedis(t *testing.T) {
 // TestBreakerOnStoppedRedis pauses a real Redis (SIGSTOP) and then drops
 // every reply at a proxy: the calls that wait for their deadline count as
 // failures, the breaker opens, and calls then fail at once with an error
-// that still matches context.DeadlineExceeded. As in TestBreakerOnKilledRedis,
-// the subtests run in parallel with each other only, each on a server and
-// proxy of its own.
+// that still matches context.DeadlineExceeded.
 func TestBreakerOnStoppedRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy, err := faultproxy.Start(srv.Addr())
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+
 	for _, fault := range []struct {
 		name        string
-		break_, fix func(t *testing.T, srv *redistest.Server, proxy *faultproxy.Proxy)
+		break_, fix func()
 	}{
-		{"SIGSTOP",
-			func(t *testing.T, srv *redistest.Server, _ *faultproxy.Proxy) {
-				require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGSTOP))
-			},
-			func(t *testing.T, srv *redistest.Server, _ *faultproxy.Proxy) {
-				require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGCONT))
-			}},
-		{"proxy drops replies",
-			func(_ *testing.T, _ *redistest.Server, proxy *faultproxy.Proxy) { proxy.SetDrop(true) },
-			func(_ *testing.T, _ *redistest.Server, proxy *faultproxy.Proxy) { proxy.SetDrop(false) }},
+		{"SIGSTOP", func() { require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGSTOP)) }, func() { require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGCONT)) }},
+		{"proxy drops replies", func() { proxy.SetDrop(true) }, func() { proxy.SetDrop(false) }},
 	} {
 		for _, client := range []string{"recommended", "AutoPipeline", "without ContextTimeoutEnabled"} {
 			t.Run(fault.name+"/"+client, func(t *testing.T) {
-				t.Parallel()
-				srv := redistest.Start(t)
-				proxy, err := faultproxy.Start(srv.Addr())
-				require.NoError(t, err)
-				t.Cleanup(func() { proxy.Close() })
 				var rdb redis.Scripter = recommendedClient(t, proxy.Addr())
 				switch client {
 				case "AutoPipeline":
@@ -184,8 +170,8 @@ func TestBreakerOnStoppedRedis(t *testing.T) {
 				_, err = l.Allow(context.Background(), "k")
 				require.NoError(t, err)
 
-				fault.break_(t, srv, proxy)
-				defer fault.fix(t, srv, proxy)
+				fault.break_()
+				defer fault.fix()
 				for i := range 3 {
 					took, err := callWithin(l, "k", 100*time.Millisecond)
 					require.ErrorIs(t, err, context.DeadlineExceeded, "call %d", i)
@@ -200,7 +186,7 @@ func TestBreakerOnStoppedRedis(t *testing.T) {
 				require.ErrorIs(t, err, context.DeadlineExceeded)
 				require.Less(t, took, 50*time.Millisecond, "an open breaker answers without a round trip")
 
-				fault.fix(t, srv, proxy)
+				fault.fix()
 				h.advance(time.Second)
 				_, err = callWithin(l, "k", time.Second)
 				require.NoError(t, err, "the probe finds Redis back")
