@@ -860,7 +860,6 @@ func TestReliabilityClusterMasterDown(t *testing.T) {
 
 	opts := func() *redis.ClusterOptions {
 		o := RecommendedOptions("") // as a cluster client's options
-
 		return &redis.ClusterOptions{
 			Addrs:                    []string{nodes[0].Addr(), nodes[1].Addr(), nodes[2].Addr()},
 			DialTimeout:              o.DialTimeout,
