@@ -50,20 +50,39 @@ const (
 	// relSlack is how late past its deadline a call may return before it
 	// counts as a hang: scheduling delay under -race on two busy cores.
 	relSlack = time.Second
+	// relCooldown is the breaker cooldown of the limiters under load. The
+	// default (DefaultBreakerCooldown, 1s) would only add to every wait for
+	// recovery; the breaker's own timing is tested on a fake clock.
+	relCooldown = 100 * time.Millisecond
 	// relRecovery is how soon after Redis is back calls must succeed again.
 	// go-redis stops dialing after PoolSize failed dials in a row and then
 	// probes once a second, so a client may take that second, plus a dial
-	// (relDialSlack), to notice.
-	relRecovery  = time.Second + DefaultBreakerCooldown // go-redis re-dials once a second, then the breaker's probe
+	// (relDialSlack), to notice; then the breaker's probe. With the default
+	// cooldown that is the README's "within 2s".
+	relRecovery  = time.Second + relCooldown
 	relDialSlack = 250 * time.Millisecond
 )
 
 // relLimiters returns one limiter per algorithm on rdb, in registry order,
 // each granting exactly limit permits per key for as long as a test runs
-// (nothing refills within forever while limit is at most relUnreached).
+// (nothing refills within forever while limit is at most relUnreached),
+// and each, as by default, with a breaker of its own (but cooling down for
+// relCooldown), or none on a cluster client.
 func relLimiters(t *testing.T, rdb redis.Scripter, limit int) []Limiter {
 	t.Helper()
-	return newLimiters(t, rdb, limit, forever)
+	ls := make([]Limiter, len(algorithms))
+	for i, a := range algorithms {
+		var opts []Option
+		if _, cluster := rdb.(*redis.ClusterClient); !cluster {
+			b, err := NewBreaker(BreakerConfig{Cooldown: relCooldown})
+			require.NoError(t, err)
+			opts = append(opts, WithBreaker(b))
+		}
+		l, err := a.new(rdb, limit, forever, opts...)
+		require.NoError(t, err, "constructing %s", a.name)
+		ls[i] = l
+	}
+	return ls
 }
 
 // relUnreached is a limit no test reaches in its few seconds of load: any
@@ -216,8 +235,8 @@ func relUsed(t *testing.T, limiters []Limiter, limit int, keys []relKey) map[rel
 	used := make(map[relKey]int, len(keys))
 	for _, k := range keys {
 		r, err := limiters[k.alg].AllowN(context.Background(), k.key, 0)
-		for deadline := time.Now().Add(2 * DefaultBreakerCooldown); errors.Is(err, ErrUnavailable) && time.Now().Before(deadline); {
-			time.Sleep(50 * time.Millisecond) // right after a fault: the breaker's cooldown
+		for deadline := time.Now().Add(2 * relRecovery); errors.Is(err, ErrUnavailable) && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond) // right after a fault: the breaker's cooldown, go-redis's re-dial
 			r, err = limiters[k.alg].AllowN(context.Background(), k.key, 0)
 		}
 		require.NoError(t, err, "reading the state of %q", k.key)
