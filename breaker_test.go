@@ -14,31 +14,11 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/faultproxy"
 	"github.com/redlimit/redlimit/internal/redistest"
 )
-
-// recommendedClient is the client the README recommends for a limiter
-// that must fail fast: see "Failure behaviour".
-func recommendedClient(t *testing.T, addr string) *redis.Client {
-	rdb := redis.NewClient(&redis.Options{
-		Addr:                     addr,
-		DialTimeout:              100 * time.Millisecond,
-		DialerRetries:            1,
-		ReadTimeout:              500 * time.Millisecond,
-		WriteTimeout:             500 * time.Millisecond,
-		PoolTimeout:              500 * time.Millisecond,
-		ContextTimeoutEnabled:    true,
-		MaxRetries:               -1,
-		DisableIdentity:          true,
-		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-	})
-	t.Cleanup(func() { rdb.Close() })
-	return rdb
-}
 
 // breakerHarness is a breaker on a settable clock that records its state
 // changes.

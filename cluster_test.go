@@ -13,6 +13,11 @@ import (
 	"github.com/redlimit/redlimit/internal/redistest"
 )
 
+// clusterScripts orders the tests of the shared cluster: TestClusterScriptFlush
+// flushes its script caches and counts the NOSCRIPT answers that follow, so
+// it holds the lock alone; the others share it.
+var clusterScripts sync.RWMutex
+
 // dialCluster returns a client of the shared 3-master test cluster.
 func dialCluster(t *testing.T) *redis.ClusterClient {
 	t.Helper()
@@ -69,6 +74,8 @@ func (p *keyPlacement) master(t *testing.T, redisKey string) string {
 // key's state lives, with a TTL, on the master that serves its slot.
 func TestClusterExactLimitPerKey(t *testing.T) {
 	t.Parallel()
+	clusterScripts.RLock()
+	defer clusterScripts.RUnlock()
 	const (
 		keyCount = 60
 		limit    = 5
@@ -124,8 +131,14 @@ func TestClusterExactLimitPerKey(t *testing.T) {
 // before each round, each call still gets its decision: EVALSHA meets
 // NOSCRIPT on each node, EVAL runs the script there and caches it, and the
 // next key on that node runs EVALSHA again. No SCRIPT command is ever sent.
-// Not parallel: it flushes the shared cluster's script caches.
+// It runs in parallel with the tests of other servers, not with those of
+// the shared cluster (clusterScripts): it flushes the cluster's script
+// caches. (Were it not parallel, the cluster would start, for seconds,
+// while nothing else runs.)
 func TestClusterScriptFlush(t *testing.T) {
+	t.Parallel()
+	clusterScripts.Lock()
+	defer clusterScripts.Unlock()
 	const (
 		limit         = 3
 		rounds        = limit + 1 // the last round is denied

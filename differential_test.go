@@ -115,6 +115,9 @@ func TestDifferential(t *testing.T) {
 	)
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
+		if b.mini == nil {
+			keepTTL(b.rdb, time.Hour)
+		}
 		for c := range configs {
 			seed := uint64(1000 + c)
 			rng := rand.New(rand.NewPCG(seed, 0))
@@ -150,13 +153,6 @@ func TestDifferential(t *testing.T) {
 							want.RetryAfter = Never
 						}
 						require.Equal(t, want, got, "step %d at %v (+%dµs since epoch), n=%d", i, clock.now, clock.now.Sub(epoch).Microseconds(), n)
-						if b.mini == nil {
-							// Real Redis expires keys in real time while this
-							// trace runs on a fake clock; expiry is tested
-							// apart, here only the decisions are. A key
-							// always keeps a TTL: one without is foreign.
-							require.NoError(t, b.rdb.PExpire(ctx, "diff:k", time.Hour).Err())
-						}
 					}
 				})
 			}
@@ -170,6 +166,11 @@ func TestLeakyAndTokenBucketAgree(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
+		if b.mini == nil {
+			// These rates leave TTLs of milliseconds: one key could
+			// expire and not the other.
+			keepTTL(b.rdb, time.Hour)
+		}
 		rng := rand.New(rand.NewPCG(7, 7))
 		for c := range 5 {
 			capacity := 1 + rng.IntN(10)
@@ -189,15 +190,6 @@ func TestLeakyAndTokenBucketAgree(t *testing.T) {
 				tr, err := token.AllowN(ctx, key, n)
 				require.NoError(t, err)
 				require.Equal(t, lr, tr, "config %d (capacity %d, %+v) step %d n=%d", c, capacity, rate, i, n)
-				if b.mini == nil {
-					// Real Redis expires keys in real time while the
-					// trace runs on a fake clock, and these rates leave
-					// TTLs of milliseconds: one key could expire and not
-					// the other. A key keeps a TTL: one without is foreign.
-					for _, l := range []Limiter{leaky, token} {
-						require.NoError(t, b.rdb.PExpire(ctx, keyPrefix(l)+key, time.Hour).Err())
-					}
-				}
 			}
 		}
 	})
@@ -211,6 +203,9 @@ func TestRetryAfterIsExact(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
+		if b.mini == nil {
+			keepTTL(b.rdb, time.Hour)
+		}
 		rng := rand.New(rand.NewPCG(42, 0))
 		for _, dc := range randomDiffCases(rng) {
 			t.Run(dc.name, func(t *testing.T) {
@@ -237,9 +232,6 @@ func TestRetryAfterIsExact(t *testing.T) {
 					onTime, err := l.AllowN(ctx, "k", n)
 					require.NoError(t, err)
 					require.True(t, onTime.Allowed, "step %d: denied with RetryAfter %v, still denied after it (%+v)", i, r.RetryAfter, onTime)
-					if b.mini == nil {
-						require.NoError(t, b.rdb.PExpire(ctx, prefix+"k", time.Hour).Err())
-					}
 				}
 				require.Greater(t, probes, 10, "the trace should deny often enough to probe")
 			})

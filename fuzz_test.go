@@ -31,9 +31,7 @@ import (
 // input starts from nothing, so that a failure reproduces on its own.
 func fuzzRedis(f *testing.F) (*redis.Client, func()) {
 	m := miniredis.RunT(f)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
-	f.Cleanup(func() { rdb.Close() })
-	return rdb, m.FlushAll
+	return newMiniClient(f, m), m.FlushAll
 }
 
 // fuzzCall checks a constructor's outcome and, for a limiter, one AllowN:
@@ -294,32 +292,17 @@ func FuzzKeys(f *testing.F) {
 	})
 }
 
-// fuzzLimiter builds a limiter of algorithm alg (mod 5) from fuzzed
-// numbers, on a clock, and returns its limits, smallest first.
+// fuzzLimiter builds a limiter of the registry's algorithm alg (mod 5)
+// from fuzzed numbers, on a clock, and returns its limits, smallest first:
+// limit per period a, shaped by b (the sliding algorithms' precision, the
+// buckets' refill count 1 + b%1000).
 func fuzzLimiter(rdb redis.Scripter, alg uint8, limit int, a, b int64, clock func() time.Time) (Limiter, []int, error) {
+	algo := algorithms[alg%5]
 	// One prefix per algorithm: the configuration-change targets mean two
 	// configurations on one key, which default keys would keep apart.
-	opt := func(o *options) {
-		WithClock(clock)(o)
-		WithPrefix(fmt.Sprintf("fuzz:%d:", alg%5))(o)
-	}
-	switch alg % 5 {
-	case 0:
-		l, err := NewFixedWindow(rdb, limit, time.Duration(a), opt)
-		return l, []int{limit}, err
-	case 1:
-		l, err := NewSlidingWindow(rdb, limit, time.Duration(a), time.Duration(b), opt)
-		return l, []int{limit}, err
-	case 2:
-		l, err := NewSlidingLog(rdb, time.Duration(b), []Strategy{{limit, time.Duration(a)}, {limit + 1, 2 * time.Duration(a)}}, opt)
-		return l, []int{limit, limit + 1}, err
-	case 3:
-		l, err := NewLeakyBucket(rdb, limit, Rate{Count: int(1 + b%1000), Per: time.Duration(a)}, opt)
-		return l, []int{limit}, err
-	default:
-		l, err := NewTokenBucket(rdb, limit, Rate{Count: int(1 + b%1000), Per: time.Duration(a)}, opt)
-		return l, []int{limit}, err
-	}
+	l, err := algo.shaped(rdb, limit, time.Duration(a), shape{precision: time.Duration(b), count: int(1 + b%1000)},
+		WithClock(clock), WithPrefix(fmt.Sprintf("fuzz:%d:", alg%5)))
+	return l, algo.limits(limit), err
 }
 
 // FuzzConfigChange: a key used under one configuration, then decided under

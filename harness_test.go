@@ -5,11 +5,15 @@ package redlimit
 //   - algorithms, the registry of the five algorithms: a test of something
 //     every algorithm does loops over it (`for _, alg := range algorithms`)
 //     and builds each with alg.new(rdb, limit, period, opts...);
-//   - forEachBackend, which runs a test on miniredis and on a real
-//     redis-server, in parallel, each with keys of its own;
+//   - forEachBackend, which runs a test on miniredis (over an in-memory
+//     pipe) and on a real redis-server, in parallel, each with keys of its
+//     own;
 //   - newClock, a fake clock for WithClock, starting at epoch;
 //   - commandRecorder, a go-redis hook recording the commands a client
 //     sends (decisions by key, NOSCRIPT answers, dials);
+//   - keepTTL, a go-redis hook keeping the keys of a fake-clock trace alive
+//     on a real server;
+//   - RecommendedOptions, the go-redis options of a client that fails fast;
 //   - deadRedis, a client of a Redis that is not there.
 //
 // Tests that kill, stop or reconfigure a server start their own
@@ -28,6 +32,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/redistest"
@@ -59,15 +64,41 @@ type algorithm struct {
 	name string // as Decision.Algorithm and error messages name it
 	code string // in default keys: redlimit:<code>:<config>:<key>
 	hash bool   // its state is a hash (the sliding algorithms), else a string
-	// new returns a limiter that grants a fresh key limit permits at once
-	// and regains them over period: a window of period (in buckets of
-	// period/10 for the sliding window and log; the log adds a second
-	// strategy of 2×limit per 10×period), or a bucket of capacity limit
-	// refilled (or drained) at limit per period.
-	new func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error)
+	// shaped is new with the setting new derives from limit and period set
+	// by s (see shape).
+	shaped func(rdb redis.Scripter, limit int, period time.Duration, s shape, opts ...Option) (Limiter, error)
 	// periods is how many periods a key takes from exhausted to fully
 	// available: see recovery.
 	periods int
+	// strategies is how many limits a limiter enforces: the sliding log's
+	// two, limit and 2×limit (see limits).
+	strategies int
+}
+
+// shape is the part of an algorithm's configuration that new derives from
+// limit and period, for the tests that vary it (the fuzzers). A zero field
+// takes new's value.
+type shape struct {
+	precision time.Duration // sliding window and log: bucket length (period/10)
+	count     int           // leaky and token bucket: Rate.Count per period (limit)
+}
+
+// new returns a limiter that grants a fresh key limit permits at once and
+// regains them over period: a window of period (in buckets of period/10
+// for the sliding window and log; the log adds a second strategy of
+// 2×limit per 10×period), or a bucket of capacity limit refilled (or
+// drained) at limit per period.
+func (a algorithm) new(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
+	return a.shaped(rdb, limit, period, shape{}, opts...)
+}
+
+// limits returns the limits a limiter built with limit enforces, smallest
+// first.
+func (a algorithm) limits(limit int) []int {
+	if a.strategies == 2 {
+		return []int{limit, 2 * limit}
+	}
+	return []int{limit}
 }
 
 // recovery is the time a limiter built with period takes from exhausted
@@ -76,27 +107,43 @@ func (a algorithm) recovery(period time.Duration) time.Duration {
 	return time.Duration(a.periods) * period
 }
 
+// precisionOr returns the precision s sets, or period/10.
+func (s shape) precisionOr(period time.Duration) time.Duration {
+	if s.precision != 0 {
+		return s.precision
+	}
+	return period / 10
+}
+
+// rateOr returns the refill rate s sets, or limit per period.
+func (s shape) rateOr(limit int, period time.Duration) Rate {
+	if s.count != 0 {
+		return Rate{Count: s.count, Per: period}
+	}
+	return Rate{Count: limit, Per: period}
+}
+
 // algorithms is the registry of the five algorithms.
 var algorithms = []algorithm{
-	{name: "fixed_window", code: "fw", periods: 1,
-		new: func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
+	{name: "fixed_window", code: "fw", periods: 1, strategies: 1,
+		shaped: func(rdb redis.Scripter, limit int, period time.Duration, _ shape, opts ...Option) (Limiter, error) {
 			return NewFixedWindow(rdb, limit, period, opts...)
 		}},
-	{name: "sliding_window", code: "sw", hash: true, periods: 1,
-		new: func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
-			return NewSlidingWindow(rdb, limit, period, period/10, opts...)
+	{name: "sliding_window", code: "sw", hash: true, periods: 1, strategies: 1,
+		shaped: func(rdb redis.Scripter, limit int, period time.Duration, s shape, opts ...Option) (Limiter, error) {
+			return NewSlidingWindow(rdb, limit, period, s.precisionOr(period), opts...)
 		}},
-	{name: "sliding_log", code: "sl", hash: true, periods: 10,
-		new: func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
-			return NewSlidingLog(rdb, period/10, []Strategy{{Limit: limit, Window: period}, {Limit: 2 * limit, Window: 10 * period}}, opts...)
+	{name: "sliding_log", code: "sl", hash: true, periods: 10, strategies: 2,
+		shaped: func(rdb redis.Scripter, limit int, period time.Duration, s shape, opts ...Option) (Limiter, error) {
+			return NewSlidingLog(rdb, s.precisionOr(period), []Strategy{{Limit: limit, Window: period}, {Limit: 2 * limit, Window: 10 * period}}, opts...)
 		}},
-	{name: "leaky_bucket", code: "lb", periods: 1,
-		new: func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
-			return NewLeakyBucket(rdb, limit, Rate{Count: limit, Per: period}, opts...)
+	{name: "leaky_bucket", code: "lb", periods: 1, strategies: 1,
+		shaped: func(rdb redis.Scripter, limit int, period time.Duration, s shape, opts ...Option) (Limiter, error) {
+			return NewLeakyBucket(rdb, limit, s.rateOr(limit, period), opts...)
 		}},
-	{name: "token_bucket", code: "tb", periods: 1,
-		new: func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
-			return NewTokenBucket(rdb, limit, Rate{Count: limit, Per: period}, opts...)
+	{name: "token_bucket", code: "tb", periods: 1, strategies: 1,
+		shaped: func(rdb redis.Scripter, limit int, period time.Duration, s shape, opts ...Option) (Limiter, error) {
+			return NewTokenBucket(rdb, limit, s.rateOr(limit, period), opts...)
 		}},
 }
 
@@ -137,7 +184,7 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
 	t.Run("miniredis", func(t *testing.T) {
 		t.Parallel()
 		m := miniredis.RunT(t)
-		fn(t, backend{name: "miniredis", rdb: newClient(t, m.Addr(), 0), mini: m})
+		fn(t, backend{name: "miniredis", rdb: newMiniClient(t, m), mini: m})
 	})
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
@@ -149,6 +196,49 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
 // newClient returns a client of database db at addr, closed when t ends.
 func newClient(t testing.TB, addr string, db int) *redis.Client {
 	rdb := redis.NewClient(&redis.Options{Addr: addr, DB: db})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// newMiniClient returns a client of m, closed when t ends, that talks to it
+// over in-memory pipes (m.Dial) rather than TCP: the same commands and
+// replies, without the system calls of a socket on either side, which cost
+// the miniredis tests a fifth of their CPU. It never retries a command.
+func newMiniClient(t testing.TB, m *miniredis.Miniredis) *redis.Client {
+	rdb := redis.NewClient(&redis.Options{
+		Addr:       m.Addr(),
+		Dialer:     func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
+		MaxRetries: -1,
+	})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// RecommendedOptions are the go-redis options of a client that must fail
+// fast, as the README recommends them ("Failure behaviour"): one dial with
+// a short timeout, short read, write and pool timeouts, ctx deadlines
+// honoured, and no retries (a retried EVALSHA whose reply was lost would
+// take a second permit). It is exported for the outage table, in package
+// redlimit_test.
+func RecommendedOptions(addr string) *redis.Options {
+	return &redis.Options{
+		Addr:                     addr,
+		DialTimeout:              100 * time.Millisecond,
+		DialerRetries:            1,
+		ReadTimeout:              500 * time.Millisecond,
+		WriteTimeout:             500 * time.Millisecond,
+		PoolTimeout:              500 * time.Millisecond,
+		ContextTimeoutEnabled:    true,
+		MaxRetries:               -1,
+		DisableIdentity:          true,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	}
+}
+
+// recommendedClient returns a client of addr with RecommendedOptions,
+// closed when t ends.
+func recommendedClient(t testing.TB, addr string) *redis.Client {
+	rdb := redis.NewClient(RecommendedOptions(addr))
 	t.Cleanup(func() { rdb.Close() })
 	return rdb
 }
@@ -166,19 +256,13 @@ func deadRedis(t testing.TB, addr string, readTimeout time.Duration) *redis.Clie
 		addr = ln.Addr().String()
 		require.NoError(t, ln.Close())
 	}
-	if readTimeout == 0 {
-		readTimeout = 100 * time.Millisecond
+	o := RecommendedOptions(addr)
+	o.DialerRetryTimeout = time.Millisecond
+	o.ReadTimeout, o.WriteTimeout = 100*time.Millisecond, 100*time.Millisecond
+	if readTimeout != 0 {
+		o.ReadTimeout, o.WriteTimeout = readTimeout, readTimeout
 	}
-	rdb := redis.NewClient(&redis.Options{
-		Addr:                  addr,
-		DialTimeout:           100 * time.Millisecond,
-		DialerRetries:         1,
-		DialerRetryTimeout:    time.Millisecond,
-		ReadTimeout:           readTimeout,
-		WriteTimeout:          readTimeout,
-		MaxRetries:            -1,
-		ContextTimeoutEnabled: true,
-	})
+	rdb := redis.NewClient(o)
 	t.Cleanup(func() { rdb.Close() })
 	return rdb
 }
@@ -326,4 +410,47 @@ func (r *commandRecorder) dialed() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.dials
+}
+
+// ttlKeeper is a go-redis hook for traces on a fake clock against a real
+// server, which expires keys in real time: the TTLs the scripts set are in
+// fake time, often milliseconds. After every decision it sets the decided
+// key's TTL to ttl, in the same round trip as the decision (the two are
+// sent as one pipeline). Expiry is tested apart; a key always keeps a TTL,
+// as one without is foreign.
+type ttlKeeper struct {
+	rdb *redis.Client
+	ttl time.Duration
+}
+
+// keepTTL adds a ttlKeeper of ttl to rdb, unless it has one.
+func keepTTL(rdb *redis.Client, ttl time.Duration) {
+	if _, had := ttlKept.LoadOrStore(rdb, true); !had {
+		rdb.AddHook(ttlKeeper{rdb: rdb, ttl: ttl})
+	}
+}
+
+// ttlKept holds the clients keepTTL has hooked.
+var ttlKept sync.Map
+
+func (k ttlKeeper) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (k ttlKeeper) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (k ttlKeeper) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c := record(cmd, nil)
+		if !c.decision {
+			return next(ctx, cmd)
+		}
+		// A pipeline runs the pipeline hooks, not this one.
+		_, _ = k.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			_ = p.Process(ctx, cmd) // queued: its reply lands in cmd
+			p.PExpire(ctx, c.key, k.ttl)
+			return nil
+		})
+		return cmd.Err()
+	}
 }

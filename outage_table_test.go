@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit"
@@ -47,21 +46,6 @@ type outageSetup struct {
 	build func(t *testing.T, rdb *redis.Client) redlimit.Limiter
 }
 
-func recommendedOptions(addr string) *redis.Options {
-	return &redis.Options{
-		Addr:                     addr,
-		DialTimeout:              100 * time.Millisecond,
-		DialerRetries:            1,
-		ReadTimeout:              500 * time.Millisecond,
-		WriteTimeout:             500 * time.Millisecond,
-		PoolTimeout:              500 * time.Millisecond,
-		ContextTimeoutEnabled:    true,
-		MaxRetries:               -1,
-		DisableIdentity:          true,
-		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-	}
-}
-
 func outageSetups() []outageSetup {
 	window := func(t *testing.T, rdb redis.Scripter, opts ...redlimit.Option) redlimit.Limiter {
 		l, err := redlimit.NewSlidingWindow(rdb, outageLimit, time.Minute, time.Second, opts...)
@@ -85,21 +69,21 @@ func outageSetups() []outageSetup {
 		},
 		{
 			name: "recommended client, breaker off",
-			opts: recommendedOptions,
+			opts: redlimit.RecommendedOptions,
 			build: func(t *testing.T, rdb *redis.Client) redlimit.Limiter {
 				return window(t, rdb, redlimit.WithoutBreaker())
 			},
 		},
 		{
 			name: "recommended client, breaker (default)",
-			opts: recommendedOptions,
+			opts: redlimit.RecommendedOptions,
 			build: func(t *testing.T, rdb *redis.Client) redlimit.Limiter {
 				return window(t, rdb)
 			},
 		},
 		{
 			name: "recommended client, breaker, fallback",
-			opts: recommendedOptions,
+			opts: redlimit.RecommendedOptions,
 			build: func(t *testing.T, rdb *redis.Client) redlimit.Limiter {
 				fb, err := inmem.NewSlidingWindow(inmem.Share(outageLimit, outageInstances), time.Minute, time.Second)
 				require.NoError(t, err)
@@ -108,7 +92,7 @@ func outageSetups() []outageSetup {
 		},
 		{
 			name: "recommended client, AutoPipeline, breaker",
-			opts: recommendedOptions,
+			opts: redlimit.RecommendedOptions,
 			build: func(t *testing.T, rdb *redis.Client) redlimit.Limiter {
 				ap, err := rdb.AutoPipeline()
 				require.NoError(t, err)

@@ -38,7 +38,6 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/faultproxy"
@@ -51,39 +50,39 @@ const (
 	// relSlack is how late past its deadline a call may return before it
 	// counts as a hang: scheduling delay under -race on two busy cores.
 	relSlack = time.Second
+	// relCooldown is the breaker cooldown of the limiters under load. The
+	// default (DefaultBreakerCooldown, 1s) would only add to every wait for
+	// recovery; the breaker's own timing is tested on a fake clock.
+	relCooldown = 100 * time.Millisecond
 	// relRecovery is how soon after Redis is back calls must succeed again.
 	// go-redis stops dialing after PoolSize failed dials in a row and then
 	// probes once a second, so a client may take that second, plus a dial
-	// (relDialSlack), to notice.
-	relRecovery  = time.Second + DefaultBreakerCooldown // go-redis re-dials once a second, then the breaker's probe
+	// (relDialSlack), to notice; then the breaker's probe. With the default
+	// cooldown that is the README's "within 2s".
+	relRecovery  = time.Second + relCooldown
 	relDialSlack = 250 * time.Millisecond
 )
 
-// relOptions are the go-redis options a service that wants to fail fast
-// would use, and what the README recommends: short dial, read and write
-// timeouts, ctx deadlines honoured, no retries (a retried EVALSHA after a
-// lost reply would take a second permit).
-func relOptions(addr string) *redis.Options {
-	return &redis.Options{
-		Addr:                     addr,
-		DialTimeout:              200 * time.Millisecond,
-		ReadTimeout:              relDeadline,
-		WriteTimeout:             relDeadline,
-		PoolTimeout:              relDeadline,
-		ContextTimeoutEnabled:    true,
-		MaxRetries:               -1,
-		DialerRetries:            1,
-		DisableIdentity:          true,
-		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-	}
-}
-
 // relLimiters returns one limiter per algorithm on rdb, in registry order,
 // each granting exactly limit permits per key for as long as a test runs
-// (nothing refills within forever while limit is at most relUnreached).
+// (nothing refills within forever while limit is at most relUnreached),
+// and each, as by default, with a breaker of its own (but cooling down for
+// relCooldown), or none on a cluster client.
 func relLimiters(t *testing.T, rdb redis.Scripter, limit int) []Limiter {
 	t.Helper()
-	return newLimiters(t, rdb, limit, forever)
+	ls := make([]Limiter, len(algorithms))
+	for i, a := range algorithms {
+		var opts []Option
+		if _, cluster := rdb.(*redis.ClusterClient); !cluster {
+			b, err := NewBreaker(BreakerConfig{Cooldown: relCooldown})
+			require.NoError(t, err)
+			opts = append(opts, WithBreaker(b))
+		}
+		l, err := a.new(rdb, limit, forever, opts...)
+		require.NoError(t, err, "constructing %s", a.name)
+		ls[i] = l
+	}
+	return ls
 }
 
 // relUnreached is a limit no test reaches in its few seconds of load: any
@@ -236,8 +235,8 @@ func relUsed(t *testing.T, limiters []Limiter, limit int, keys []relKey) map[rel
 	used := make(map[relKey]int, len(keys))
 	for _, k := range keys {
 		r, err := limiters[k.alg].AllowN(context.Background(), k.key, 0)
-		for deadline := time.Now().Add(2 * DefaultBreakerCooldown); errors.Is(err, ErrUnavailable) && time.Now().Before(deadline); {
-			time.Sleep(50 * time.Millisecond) // right after a fault: the breaker's cooldown
+		for deadline := time.Now().Add(2 * relRecovery); errors.Is(err, ErrUnavailable) && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond) // right after a fault: the breaker's cooldown, go-redis's re-dial
 			r, err = limiters[k.alg].AllowN(context.Background(), k.key, 0)
 		}
 		require.NoError(t, err, "reading the state of %q", k.key)
@@ -358,12 +357,14 @@ func relCommandCalls(t *testing.T, rdb *redis.Client, command string) int64 {
 	return 0
 }
 
-// relClients returns n clients on addr, with opts applied, closed at cleanup.
+// relClients returns n clients on addr with RecommendedOptions (the ctx
+// deadline of each call, relDeadline, comes before their timeouts), with
+// opts applied, closed at cleanup.
 func relClients(t *testing.T, n int, addr string, opts func(*redis.Options)) []*redis.Client {
 	t.Helper()
 	var rdbs []*redis.Client
 	for range n {
-		o := relOptions(addr)
+		o := RecommendedOptions(addr)
 		if opts != nil {
 			opts(o)
 		}
@@ -846,6 +847,26 @@ func relStartCluster(t *testing.T) []*redistest.Server {
 	return nodes
 }
 
+// relWaitNodeFailed waits until the cluster node at addr flags the node at
+// failed as failing (fail, not just fail?), for at most timeout.
+func relWaitNodeFailed(t *testing.T, addr, failed string, timeout time.Duration) {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	for deadline := time.Now().Add(timeout); ; time.Sleep(20 * time.Millisecond) {
+		nodes, err := rdb.ClusterNodes(context.Background()).Result()
+		require.NoError(t, err, "CLUSTER NODES on %s", addr)
+		for line := range strings.Lines(nodes) {
+			// <id> <ip:port@cport> <flags> ...
+			fields := strings.Fields(line)
+			if len(fields) > 2 && strings.HasPrefix(fields[1], failed+"@") && slices.Contains(strings.Split(fields[2], ","), "fail") {
+				return
+			}
+		}
+		require.True(t, time.Now().Before(deadline), "%s has not marked %s failed after %v:\n%s", addr, failed, timeout, nodes)
+	}
+}
+
 // TestReliabilityClusterMasterDown stops one master of a 3-master cluster under
 // load. Keys on the other masters' slots keep working without an error;
 // keys on the dead master's slots fail cleanly (an error, not a denial,
@@ -857,18 +878,18 @@ func TestReliabilityClusterMasterDown(t *testing.T) {
 	ctx := context.Background()
 
 	opts := func() *redis.ClusterOptions {
-		o := relOptions("")
+		o := RecommendedOptions("") // as a cluster client's options
 		return &redis.ClusterOptions{
 			Addrs:                    []string{nodes[0].Addr(), nodes[1].Addr(), nodes[2].Addr()},
 			DialTimeout:              o.DialTimeout,
 			ReadTimeout:              o.ReadTimeout,
 			WriteTimeout:             o.WriteTimeout,
 			PoolTimeout:              o.PoolTimeout,
-			ContextTimeoutEnabled:    true,
-			MaxRetries:               -1,
+			ContextTimeoutEnabled:    o.ContextTimeoutEnabled,
+			MaxRetries:               o.MaxRetries,
 			MaxRedirects:             1,
-			DialerRetries:            1,
-			DisableIdentity:          true,
+			DialerRetries:            o.DialerRetries,
+			DisableIdentity:          o.DisableIdentity,
 			MaintNotificationsConfig: o.MaintNotificationsConfig,
 		}
 	}
@@ -915,8 +936,13 @@ func TestReliabilityClusterMasterDown(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	require.NoError(t, nodes[1].Stop(), "stopping a master")
 	stopped := time.Now()
-	// Long enough for the others to mark it failed (node timeout 500ms).
-	time.Sleep(2500 * time.Millisecond)
+	// Until the live masters mark it failed (node timeout 500ms), and a
+	// while after: the calls meet the cluster in both states.
+	for _, n := range []*redistest.Server{nodes[0], nodes[2]} {
+		relWaitNodeFailed(t, n.Addr(), dead, 10*time.Second)
+	}
+	t.Logf("the live masters marked the stopped one failed %v after the stop", time.Since(stopped))
+	time.Sleep(500 * time.Millisecond)
 	calls := load.finish(t)
 	relRequireBounded(t, calls)
 

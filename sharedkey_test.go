@@ -393,6 +393,11 @@ func sharedTrace(rng *rand.Rand, a, b sharedConfig, maxSteps int, who func(i int
 func runShared(t *testing.T, b backend, clock *fakeClock, limiters [2]Limiter, key string, steps []sharedStep) []sharedDecision {
 	t.Helper()
 	ctx := context.Background()
+	if b.mini == nil {
+		// Real Redis counts TTLs in real time while the fake clock runs
+		// ahead; a key keeps a TTL (one without is foreign).
+		keepTTL(b.rdb, time.Hour)
+	}
 	start := clock.now
 	decisions := make([]sharedDecision, 0, len(steps))
 	for i, s := range steps {
@@ -401,13 +406,6 @@ func runShared(t *testing.T, b backend, clock *fakeClock, limiters [2]Limiter, k
 		require.NoError(t, err, "step %d: %s asks %d at +%v: a shared key must be handled, never rejected",
 			i, "AB"[s.who:s.who+1], s.n, clock.now.Sub(start))
 		decisions = append(decisions, sharedDecision{atUS: clock.now.Sub(start).Microseconds(), who: s.who, n: s.n, allowed: got.Allowed})
-		if b.mini == nil {
-			// Real Redis expires keys in real time while the trace runs
-			// on a fake clock; only the decisions are tested here.
-			// Real Redis counts TTLs in real time while the fake clock
-			// runs ahead; a key keeps a TTL (one without is foreign).
-			require.NoError(t, b.rdb.PExpire(ctx, "p8:"+key, time.Hour).Err())
-		}
 	}
 	return decisions
 }
