@@ -100,7 +100,7 @@ func advStates(quick bool) []advState {
 			first := index(now) - 10
 			return 1, now, writeLog(e, key, consecutive(first, 10), first, 10)
 		}},
-		{name: "10k dead buckets, walked 12 a call", fresh: true, build: func(e *environment, key string, now time.Time) (int, time.Time, error) {
+		{name: "10k dead buckets, walked 8 a call", fresh: true, build: func(e *environment, key string, now time.Time) (int, time.Time, error) {
 			// 10,000 buckets an hour old and one live: every call finds
 			// buckets leaving the window.
 			first := index(now) - size - 10_000

@@ -45,7 +45,8 @@
 -- their buckets kept). A call that writes writes format 4; a format-3
 -- tail's field is left until the tail moves on, and never read.
 --
--- Bounded work (DESIGN property 9): a call reads at most 12 buckets.
+-- Bounded work (DESIGN property 9): a call reads at most BUDGET (8)
+-- buckets (sliding.lua).
 -- When more would leave a window in one call, the cursor stops where the
 -- budget ran out and the strategy is `stale`: its total still counts the
 -- buckets not yet walked, so it can only deny more, never grant more, and
@@ -421,12 +422,12 @@ local function decide_log(now, n, precision, limits, sizes, tag, raw)
     end
     -- Buckets older than the log keeps are deleted, within the budget.
     while state.head ~= -1 and state.head <= b - state.keep do
-      local count, next_index = read_bucket(state.head)
+      local count, next_index, name = read_bucket(state.head)
       if not count then
         if not next_index then return corrupt(tag) end
         break
       end
-      dead[#dead + 1] = string.format('%d', state.head)
+      dead[#dead + 1] = name or string.format('%d', state.head)
       state.all = state.all - count
       state.head = next_index
       changed = true
