@@ -251,13 +251,14 @@ repeat
     end
   end
 
-  -- Reset: when the last window empties; stable: when the oldest bucket
-  -- of a window leaves it (at once for a stale one).
+  -- Reset: when the last window empties; stable, for a denial (only its
+  -- is read: the deny cache keeps denials): when the oldest bucket of a
+  -- window leaves it (at once for a stale one). An allowed reply says -1.
   local reset, stable = 0, -1
   for i = 1, S do
     local clear = (tail + sizes[i]) * P - now
     if clear > reset then reset = clear end
-    if cursors[i] ~= -1 then
+    if not allowed and cursors[i] ~= -1 then
       local leaves = (cursors[i] + sizes[i]) * P - now
       if stale and stale[i] then leaves = 0 end
       if leaves < 0 then leaves = 0 end
@@ -313,7 +314,6 @@ repeat
   if reported > 1 then
     do return string.format('%d %d %d %d %d %d', allowed and 1 or 0, fewest, retry, reset, reported - 1, stable) end
   elseif allowed then
-    -- Only a denial's stable is read (the deny cache keeps denials).
     do return string.format('1 %d 0 %d 0 -1', fewest, reset) end
   elseif fewest > 0 or retry == -1 then
     do return string.format('0 %d %d %d 0 %d', fewest, retry, reset, stable) end
