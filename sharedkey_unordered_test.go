@@ -297,6 +297,23 @@ func TestSharedKeySlidingAnyPair(t *testing.T) {
 // strategies carry no limit) under an explicit prefix is read, never an
 // error: its buckets keep counting, its strategies give way to the
 // caller's.
+// seedSlidingKey builds a limiter under prefix on a fake clock half a
+// second past epoch, and writes at its key "k" the meta field meta and
+// bucket b (1s buckets) holding 3 permits, with an hour's TTL: a state an
+// earlier release wrote.
+func seedSlidingKey(t *testing.T, be backend, build func(redis.Scripter, ...Option) (Limiter, error), prefix, meta string, b int64) (Limiter, *fakeClock, string) {
+	t.Helper()
+	ctx := context.Background()
+	clock := newClock()
+	clock.Advance(500 * time.Millisecond)
+	l, err := build(be.rdb, WithPrefix(prefix), WithClock(clock.Now))
+	require.NoError(t, err)
+	key := l.(interface{ RedisKey(string) string }).RedisKey("k")
+	require.NoError(t, be.rdb.HSet(ctx, key, "m", meta, fmt.Sprint(b), "3").Err())
+	require.NoError(t, be.rdb.PExpire(ctx, key, time.Hour).Err())
+	return l, clock, key
+}
+
 func TestSlidingReadsPreviousFormat(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -316,13 +333,7 @@ func TestSlidingReadsPreviousFormat(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, be backend) {
-				clock := newClock()
-				clock.Advance(500 * time.Millisecond)
-				l, err := tc.make(be.rdb, WithPrefix("fmt2:"), WithClock(clock.Now))
-				require.NoError(t, err)
-				key := l.(interface{ RedisKey(string) string }).RedisKey("k")
-				require.NoError(t, be.rdb.HSet(ctx, key, "m", tc.meta, fmt.Sprint(b), "3").Err())
-				require.NoError(t, be.rdb.PExpire(ctx, key, time.Hour).Err())
+				l, clock, _ := seedSlidingKey(t, be, tc.make, "fmt2:", tc.meta, b)
 				r, err := l.Allow(ctx, "k")
 				require.NoError(t, err, "a key in the previous format is read")
 				require.False(t, r.Allowed, "its 3 permits still count: %+v", r)
@@ -361,13 +372,7 @@ func TestSlidingReadsFormat3(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, be backend) {
-				clock := newClock()
-				clock.Advance(500 * time.Millisecond)
-				l, err := tc.make(be.rdb, WithPrefix("fmt3:"), WithClock(clock.Now))
-				require.NoError(t, err)
-				key := l.(interface{ RedisKey(string) string }).RedisKey("k")
-				require.NoError(t, be.rdb.HSet(ctx, key, "m", tc.meta, fmt.Sprint(b), "3").Err())
-				require.NoError(t, be.rdb.PExpire(ctx, key, time.Hour).Err())
+				l, clock, key := seedSlidingKey(t, be, tc.make, "fmt3:", tc.meta, b)
 
 				// Two seconds on: 2 of the 5 are left.
 				clock.Advance(2 * time.Second)
