@@ -147,8 +147,8 @@ func TestDefaultKeyFingerprint(t *testing.T) {
 // configurations in this release.
 var goldenPrefixes = map[string]string{
 	"fw": "redlimit:fw:7vja75:",
-	"sw": "redlimit:sw:jt33u6:",
-	"sl": "redlimit:sl:u5thog:",
+	"sw": "redlimit:sw:upnipq:",
+	"sl": "redlimit:sl:j490bo:",
 	"lb": "redlimit:lb:cuo8ql:",
 	"tb": "redlimit:tb:k4sr3o:",
 }

@@ -73,7 +73,7 @@ func NewSlidingLog(rdb redis.Scripter, precision time.Duration, strategies []Str
 	l, err := newLimiter(rdb, spec{
 		algorithm: algorithm,
 		code:      "sl",
-		format:    4,
+		format:    5,
 		script:    slidingLogScript,
 		args:      slidingArgs("L4", precisionUS, limits, sizes),
 		limits:    limits,

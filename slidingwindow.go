@@ -44,7 +44,7 @@ func NewSlidingWindow(rdb redis.Scripter, limit int, window, precision time.Dura
 	l, err := newLimiter(rdb, spec{
 		algorithm: algorithm,
 		code:      "sw",
-		format:    4,
+		format:    5,
 		script:    slidingWindowScript,
 		args:      slidingArgs("W4", precisionUS, []int{limit}, []int64{size}),
 		limits:    []int{limit},

@@ -19,16 +19,53 @@
 --
 -- This file decides the common case on a few numbers: the meta holds only
 -- the caller's own entries on its grid, each last granted in the tail (the
--- meta then starts with own), the tail is not in the clock's future and the
--- windows have not all emptied. It is buckets.lua's path for that state,
--- step for step: the same reads, writes and reply. Every other state falls
+-- meta then starts with own, or with a denial stamp and own), the tail is
+-- not in the clock's future and the windows have not all emptied. It is
+-- buckets.lua's path for that state, step for step: the same reads and
+-- reply, and the same writes but for the stamp, which buckets.lua drops.
+-- A denial of one permit that a stamp answers costs one HGET and five
+-- numbers; the first denial of a state pays for the stamp's write (see
+-- BENCHMARKS.md for both). Every other state falls
 -- through, before a bucket is read, to common.lua and buckets.lua, whose
 -- helpers are only created when they run: every function a script defines
 -- costs Redis a closure on every call that reaches its definition. So this
 -- file defines none but the bucket reader, and only for the calls that may
 -- read a bucket; what common.lua's helpers do is written out here.
 
-local own, precision = ARGV[3], ARGV[4] + 0
+local own = ARGV[3]
+
+-- The meta field: own, then the rest (below), when only the caller's
+-- configuration uses the key; a denial stamp may lead it. A string indexed
+-- by err is nil: strings index the string library.
+local raw = redis.pcall('HGET', KEYS[1], 'm')
+-- at: where the rest starts in raw, when own is there.
+local at
+if raw and not raw.err then
+  local p = string.find(raw, own, 1, true)
+  if p == 1 then
+    at = #own + 1
+  elseif p then
+    -- The denial stamp: "!from till retry reset reported " before own,
+    -- written by a denial of one permit at from (µs), for the state it
+    -- left; till, retry and reset are relative to from, till being when
+    -- the first of the windows' oldest buckets leaves. Every write of the
+    -- meta replaces the stamp, so while it is there the state is the one
+    -- it describes; from then until till no bucket leaves a window and the
+    -- tail is not in the clock's future, and a request for one permit is
+    -- denied with the same absolute times. It is decided here, on five
+    -- numbers. A clock before from, or n ~= 1, reads on past the stamp.
+    local _, stop, from, till, retry, reset, reported = string.find(raw, '^!(%d+) (%d+) (%d+) (%d+) (%d+) ')
+    if stop == p - 1 then
+      from = from - now
+      if n == 1 and from <= 0 and till + from > 0 then
+        return string.format('0 0 %d %d %s %d', retry + from, reset + from, reported, till + from)
+      end
+      at = p + #own
+    end
+  end
+end
+
+local precision = ARGV[4] + 0
 -- Tables built by a constructor get their size at once; each growth of
 -- one costs a rehash.
 local S = (#ARGV - 4) / 2
@@ -42,23 +79,21 @@ else
   end
 end
 
--- The meta after own: tail tail_count (cursor total)*S [head all], as
--- meta_string writes them (a string indexed by err is nil: strings index
--- the string library).
-local raw = redis.pcall('HGET', KEYS[1], 'm')
+-- The rest: tail tail_count (cursor total)*S [head all], as meta_string
+-- writes them.
 local m
-if raw and not raw.err and string.find(raw, own, 1, true) == 1 then
+if at then
   -- Constant patterns for one and two strategies: building one costs.
   if S == 1 then
-    m = {string.match(raw, '^ ([1-9]%d*) (%d+) (%-?%d+) (%d+)$', #own + 1)}
-    if not m[1] then m = {string.match(raw, '^ ([1-9]%d*) (%d+) (%-?%d+) (%d+) (%d+) (%d+)$', #own + 1)} end
+    m = {string.match(raw, '^ ([1-9]%d*) (%d+) (%-?%d+) (%d+)$', at)}
+    if not m[1] then m = {string.match(raw, '^ ([1-9]%d*) (%d+) (%-?%d+) (%d+) (%d+) (%d+)$', at)} end
   elseif S == 2 then
-    m = {string.match(raw, '^ ([1-9]%d*) (%d+) (%-?%d+) (%d+) (%-?%d+) (%d+)$', #own + 1)}
-    if not m[1] then m = {string.match(raw, '^ ([1-9]%d*) (%d+) (%-?%d+) (%d+) (%-?%d+) (%d+) (%d+) (%d+)$', #own + 1)} end
+    m = {string.match(raw, '^ ([1-9]%d*) (%d+) (%-?%d+) (%d+) (%-?%d+) (%d+)$', at)}
+    if not m[1] then m = {string.match(raw, '^ ([1-9]%d*) (%d+) (%-?%d+) (%d+) (%-?%d+) (%d+) (%d+) (%d+)$', at)} end
   else
     local rest = '^ ([1-9]%d*) (%d+)' .. string.rep(' (%-?%d+) (%d+)', S)
-    m = {string.match(raw, rest .. '$', #own + 1)}
-    if not m[1] then m = {string.match(raw, rest .. ' (%d+) (%d+)$', #own + 1)} end
+    m = {string.match(raw, rest .. '$', at)}
+    if not m[1] then m = {string.match(raw, rest .. ' (%d+) (%d+)$', at)} end
   end
 end
 
@@ -266,6 +301,16 @@ repeat
     end
   end
   if retry > reset then reset = retry end
+
+  -- A denial of one permit that changed nothing stamps the meta (see the
+  -- top): it walked no cursor and deleted no bucket, so until till a call
+  -- on this state reads the same buckets, within the same budget, and
+  -- replies the same. Best effort, like every write of a denial.
+  if not allowed and n == 1 and not changed and stable > 0 then
+    local meta = raw
+    if at > #own + 1 then meta = own .. string.sub(raw, at) end
+    redis.pcall('HSET', KEYS[1], 'm', string.format('!%d %d %d %d %d ', now, stable, retry, reset, reported - 1) .. meta)
+  end
 
   if changed then
     -- A grant must be written; anything else is best effort.
