@@ -14,9 +14,10 @@ import (
 )
 
 // The sliding scripts' denial stamp (scripts/sliding.lua): a denial of one
-// permit that leaves the state as it found it writes, before its meta,
-// what every request for one permit gets until the first oldest bucket
-// leaves a window; those requests are then answered from five numbers.
+// permit that leaves the state as it found it writes, in field d, what
+// every request for one permit gets until the first oldest bucket leaves a
+// window, and marks the meta with "!"; those requests are then answered
+// from five numbers.
 
 // stampConfig is one sliding configuration as the script sees it.
 type stampConfig struct {
@@ -100,7 +101,8 @@ func TestSlidingDenialStampChangesNoReply(t *testing.T) {
 					m := b.rdb.HGet(ctx, keys[1], "m").Val()
 					if strings.HasPrefix(m, "!") {
 						stamped++
-						require.NoError(t, b.rdb.HSet(ctx, keys[1], "m", m[strings.IndexAny(m, "WL"):]).Err())
+						require.NoError(t, b.rdb.HSet(ctx, keys[1], "m", m[1:]).Err())
+						require.NoError(t, b.rdb.HDel(ctx, keys[1], "d").Err())
 					}
 				}
 			}
@@ -111,8 +113,8 @@ func TestSlidingDenialStampChangesNoReply(t *testing.T) {
 	})
 }
 
-// A stamped denial costs Redis one HGET and nothing else; the first denial
-// writes the stamp, and a grant drops it. On a server of
+// A stamped denial costs Redis two HGETs and nothing else; the first
+// denial writes the stamp, and a grant drops its mark. On a server of
 // its own: INFO commandstats counts every client's commands.
 func TestSlidingDenialStampCost(t *testing.T) {
 	t.Parallel()
@@ -152,24 +154,25 @@ func TestSlidingDenialStampCost(t *testing.T) {
 			for cmd, n := range after {
 				want := mid[cmd]
 				if cmd == "hget" {
-					want += denials
+					want += 2 * denials
 				}
-				require.Equal(t, want, n, "%s: a stamped denial runs one HGET and nothing else", cmd)
+				require.Equal(t, want, n, "%s: a stamped denial runs two HGETs and nothing else", cmd)
 			}
 			clock.Advance(time.Second)
 			r, err := l.Allow(ctx, alg.code)
 			require.NoError(t, err)
 			require.True(t, r.Allowed)
-			require.False(t, strings.HasPrefix(rdb.HGet(ctx, key, "m").Val(), "!"), "a grant drops the stamp")
+			require.False(t, strings.HasPrefix(rdb.HGet(ctx, key, "m").Val(), "!"), "a grant drops the mark")
 		})
 	}
 }
 
-// A meta whose stamp is malformed, or stands before anything but a
-// format-4 meta, is not redlimit's: every call is ErrForeignState and the
-// key is left as it was. (A well-formed stamp before the caller's own
-// meta text is the README's one exception, a value in redlimit's exact
-// format: a stamped denial reads no further.)
+// A mark before anything but a format-4 meta is not redlimit's: every
+// call is ErrForeignState and the key is left as it was. A marked meta
+// whose stamp is missing or malformed is decided as if it were unmarked.
+// (A well-formed stamp under a mark before the caller's own meta text is
+// the README's one exception, a value in redlimit's exact format: a
+// stamped denial reads no further.)
 func TestSlidingDenialStampMalformed(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
@@ -178,20 +181,9 @@ func TestSlidingDenialStampMalformed(t *testing.T) {
 		l, err := NewSlidingWindow(b.rdb, 3, time.Second, 100*time.Millisecond, WithClock(clock.Now), WithPrefix("badstamp:"))
 		require.NoError(t, err)
 		require.Equal(t, 3, drain(t, l, "real", 3))
-		meta := b.rdb.HGet(ctx, "badstamp:real", "m").Val()
-		meta = meta[strings.IndexAny(meta, "WL"):]
+		meta := strings.TrimPrefix(b.rdb.HGet(ctx, "badstamp:real", "m").Val(), "!")
 		format3 := "W" + strings.TrimPrefix(meta, "W4")
-		now := clock.now.UnixMicro()
-		for i, bad := range []string{
-			fmt.Sprintf("!%d 1000 1000 1000 %s", now, meta),              // four numbers
-			fmt.Sprintf("!%d 1000 1000 1000 0 0 %s", now, meta),          // six
-			fmt.Sprintf("!%d 1000 x 1000 0 %s", now, meta),               // not a number
-			fmt.Sprintf("!%d 1000 1000 1000 0  %s", now, meta),           // two spaces
-			fmt.Sprintf("!%d -1000 1000 1000 0 %s", now, meta),           // negative
-			fmt.Sprintf("!%d 1000 1000 1000 0 %s", now, format3),         // before format 3
-			fmt.Sprintf("! %d 1000 1000 1000 0 %s", now, meta),           // a space first
-			fmt.Sprintf("!%d 1000 1000 1000 0 !1 2 3 4 0 %s", now, meta), // two stamps
-		} {
+		for i, bad := range []string{"!" + format3, "!!" + meta, "! " + meta, "!" + meta + " junk", "!W5" + strings.TrimPrefix(meta, "W4")} {
 			key := fmt.Sprintf("bad%d", i)
 			require.NoError(t, b.rdb.HSet(ctx, "badstamp:"+key, "m", bad).Err())
 			require.NoError(t, b.rdb.PExpire(ctx, "badstamp:"+key, time.Hour).Err())
@@ -199,6 +191,27 @@ func TestSlidingDenialStampMalformed(t *testing.T) {
 				r, err := l.AllowN(ctx, key, n)
 				require.ErrorIs(t, err, ErrForeignState, "%q, n=%d: decided %+v", bad, n, r)
 				require.Equal(t, bad, b.rdb.HGet(ctx, "badstamp:"+key, "m").Val(), "left as it was")
+			}
+		}
+		now := clock.now.UnixMicro()
+		for i, d := range []string{"", "x", "1 2 3 4", "1 2 3 4 0 5", fmt.Sprintf("%d -1 1 1 0", now), fmt.Sprintf(" %d 1 1 1 0", now), "-"} {
+			marked, plain := fmt.Sprintf("marked%d", i), fmt.Sprintf("plain%d", i)
+			require.NoError(t, b.rdb.HSet(ctx, "badstamp:"+marked, "m", "!"+meta).Err())
+			require.NoError(t, b.rdb.HSet(ctx, "badstamp:"+plain, "m", meta).Err())
+			if d != "-" {
+				require.NoError(t, b.rdb.HSet(ctx, "badstamp:"+marked, "d", d).Err())
+			}
+			for _, key := range []string{marked, plain} {
+				require.NoError(t, b.rdb.PExpire(ctx, "badstamp:"+key, time.Hour).Err())
+			}
+			for step := range 3 {
+				got, err := l.Allow(ctx, marked)
+				require.NoError(t, err, "stamp %q", d)
+				want, err := l.Allow(ctx, plain)
+				require.NoError(t, err)
+				require.Equal(t, want, got, "stamp %q, call %d", d, step)
+				require.False(t, got.Allowed)
+				clock.Advance(time.Millisecond)
 			}
 		}
 	})

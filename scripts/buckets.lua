@@ -15,11 +15,12 @@
 --              P E (prec size limit upto)*E tail tail_count
 --              (cursor total)*E [head all]; indices relative to the tail
 --              (meta_string). While one configuration alone uses the
---              key, a denial stamp may lead it: "!from till retry reset
---              reported ", what a request for one permit gets until till
---              (sliding.lua); every write of the meta drops or renews it.
---              State format 5 (the Go side's spec.format) is format 4
---              with this stamp.
+--              key, "!" may lead it: field d then holds a denial stamp
+--              (sliding.lua); every write of the meta here drops the mark.
+--   "d"        the denial stamp: "from till retry reset reported", what a
+--              request for one permit gets until till; read only while the
+--              meta is marked. State format 5 (the Go side's spec.format)
+--              is format 4 with the mark and this field.
 --   "<index>"  a nonempty bucket but the newest (the tail, whose count is
 --              the meta's tail_count): "<count> <index of the next
 --              nonempty bucket>".
@@ -81,14 +82,10 @@ end
 -- The meta as a table, or nil when it is not this algorithm's. An entry
 -- of the older format has no limit (e.limit == nil).
 local function parse_meta(raw, tag)
-  -- A denial stamp leads a format-4 meta that only the caller's
-  -- configuration wrote (sliding.lua); it says nothing of the state.
+  -- "!" marks a format-4 meta whose field d holds a denial stamp
+  -- (sliding.lua); it says nothing of the state.
   local stamped = string.sub(raw, 1, 1) == '!'
-  if stamped then
-    local _, stop = string.find(raw, '^!%d+ %d+ %d+ %d+ %d+ ')
-    if not stop then return nil end
-    raw = string.sub(raw, stop + 1)
-  end
+  if stamped then raw = string.sub(raw, 2) end
   local version, skip
   local first = string.sub(raw, 1, 1)
   if first == string.upper(tag) and string.sub(raw, 2, 2) == '4' then

@@ -19,13 +19,13 @@
 --
 -- This file decides the common case on a few numbers: the meta holds only
 -- the caller's own entries on its grid, each last granted in the tail (the
--- meta then starts with own, or with a denial stamp and own), the tail is
+-- meta then starts with own, or with "!" and own), the tail is
 -- not in the clock's future and the windows have not all emptied. It is
 -- buckets.lua's path for that state, step for step: the same reads and
--- reply, and the same writes but for the stamp, which buckets.lua drops.
--- A denial of one permit that a stamp answers costs one HGET and five
--- numbers; the first denial of a state pays for the stamp's write (see
--- BENCHMARKS.md for both). Every other state falls
+-- reply, and the same writes but for the denial stamp, which buckets.lua
+-- neither reads nor writes. A denial of one permit that a stamp answers
+-- costs two HGETs and five numbers; the first denial of a state pays for
+-- the stamp's write (see BENCHMARKS.md for both). Every other state falls
 -- through, before a bucket is read, to common.lua and buckets.lua, whose
 -- helpers are only created when they run: every function a script defines
 -- costs Redis a closure on every call that reaches its definition. So this
@@ -35,8 +35,8 @@
 local own = ARGV[3]
 
 -- The meta field: own, then the rest (below), when only the caller's
--- configuration uses the key; a denial stamp may lead it. A string indexed
--- by err is nil: strings index the string library.
+-- configuration uses the key, led by "!" when field d holds a denial
+-- stamp. A string indexed by err is nil: strings index the string library.
 local raw = redis.pcall('HGET', KEYS[1], 'm')
 -- at: where the rest starts in raw, when own is there.
 local at
@@ -44,23 +44,29 @@ if raw and not raw.err then
   local p = string.find(raw, own, 1, true)
   if p == 1 then
     at = #own + 1
-  elseif p then
-    -- The denial stamp: "!from till retry reset reported " before own,
-    -- written by a denial of one permit at from (µs), for the state it
-    -- left; till, retry and reset are relative to from, till being when
-    -- the first of the windows' oldest buckets leaves. Every write of the
-    -- meta replaces the stamp, so while it is there the state is the one
-    -- it describes; from then until till no bucket leaves a window and the
-    -- tail is not in the clock's future, and a request for one permit is
-    -- denied with the same absolute times. It is decided here, on five
-    -- numbers. A clock before from, or n ~= 1, reads on past the stamp.
-    local _, stop, from, till, retry, reset, reported = string.find(raw, '^!(%d+) (%d+) (%d+) (%d+) (%d+) ')
-    if stop == p - 1 then
-      from = from - now
-      if n == 1 and from <= 0 and till + from > 0 then
-        return string.format('0 0 %d %d %s %d', retry + from, reset + from, reported, till + from)
+  elseif p == 2 and string.byte(raw) == 33 then
+    at = #own + 2
+    -- The denial stamp, field d: "from till retry reset reported", written
+    -- by a denial of one permit at from (µs) that changed nothing, with
+    -- the "!" that marks the meta; till, retry and reset are relative to
+    -- from, till being when the first of the windows' oldest buckets
+    -- leaves. Every other write of the meta drops the mark, so while it
+    -- is there the state is the one the stamp describes; from then until
+    -- till no bucket leaves a window and the tail is not in the clock's
+    -- future, and a request for one permit is denied with the same
+    -- absolute times. It is decided here, on five numbers. A clock before
+    -- from, or n ~= 1, reads on. (In a field of its own: with it, the meta
+    -- would pass the 64 bytes of hash-max-listpack-value, and Redis would
+    -- keep the key as a hash table, twice the memory, for good.)
+    if n == 1 then
+      local d = redis.call('HGET', KEYS[1], 'd')
+      local _, _, from, till, retry, reset, reported = string.find(d or '', '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
+      if from then
+        from = from - now
+        if from <= 0 and till + from > 0 then
+          return string.format('0 0 %d %d %s %d', retry + from, reset + from, reported, till + from)
+        end
       end
-      at = p + #own
     end
   end
 end
@@ -307,9 +313,12 @@ repeat
   -- on this state reads the same buckets, within the same budget, and
   -- replies the same. Best effort, like every write of a denial.
   if not allowed and n == 1 and not changed and stable > 0 then
-    local meta = raw
-    if at > #own + 1 then meta = own .. string.sub(raw, at) end
-    redis.pcall('HSET', KEYS[1], 'm', string.format('!%d %d %d %d %d ', now, stable, retry, reset, reported - 1) .. meta)
+    local stamp = string.format('%d %d %d %d %d', now, stable, retry, reset, reported - 1)
+    if at > #own + 1 then
+      redis.pcall('HSET', KEYS[1], 'd', stamp)
+    else
+      redis.pcall('HSET', KEYS[1], 'm', '!' .. raw, 'd', stamp)
+    end
   end
 
   if changed then
