@@ -24,7 +24,7 @@
 -- buckets.lua's path for that state, step for step: the same reads and
 -- reply, and the same writes but for the denial stamp, which buckets.lua
 -- neither reads nor writes. A denial of one permit that a stamp answers
--- costs two HGETs and five numbers; the first denial of a state pays for
+-- costs two HGETs and two numbers; the first denial of a state pays for
 -- the stamp's write (see BENCHMARKS.md for both). Every other state falls
 -- through, before a bucket is read, to common.lua and buckets.lua, whose
 -- helpers are only created when they run: every function a script defines
@@ -54,17 +54,19 @@ if raw and not raw.err then
     -- is there the state is the one the stamp describes; from then until
     -- till no bucket leaves a window and the tail is not in the clock's
     -- future, and a request for one permit is denied with the same
-    -- absolute times. It is decided here, on five numbers. A clock before
-    -- from, or n ~= 1, reads on. (In a field of its own: with it, the meta
-    -- would pass the 64 bytes of hash-max-listpack-value, and Redis would
-    -- keep the key as a hash table, twice the memory, for good.)
+    -- absolute times. It is decided here, on two numbers: the reply is
+    -- "~", the µs since from and the stamp, and the Go side subtracts
+    -- (internal/engine/reply.go). A clock before from, or n ~= 1, reads
+    -- on. (In a field of its own: in the meta, the stamp would take it
+    -- past the 64 bytes of hash-max-listpack-value, and Redis would keep
+    -- the key as a hash table, twice the memory, for good.)
     if n == 1 then
       local d = redis.call('HGET', KEYS[1], 'd')
-      local _, _, from, till, retry, reset, reported = string.find(d or '', '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
-      if from then
-        from = from - now
-        if from <= 0 and till + from > 0 then
-          return string.format('0 0 %d %d %s %d', retry + from, reset + from, reported, till + from)
+      if d then
+        local _, _, from, till = string.find(d, '^(%d+) (%d+) %d+ %d+ %d+$')
+        if from then
+          local elapsed = now - from
+          if elapsed >= 0 and elapsed < till + 0 then return string.format('~%d %s', elapsed, d) end
         end
       end
     end

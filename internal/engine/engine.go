@@ -202,7 +202,7 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 		}
 		return Reply{}, false, e.redisError(ctx, key, "", err)
 	}
-	r, err = parseReplyText(text)
+	r, err = ParseReplyText(text)
 	if err == nil && r.Strategy >= e.policies {
 		err = fmt.Errorf("script reply names strategy %d of %d", r.Strategy, e.policies)
 	}

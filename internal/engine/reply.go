@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -37,54 +38,42 @@ const replyFields = 6
 const maxDurationUS = int64(1<<63-1) / int64(time.Microsecond)
 
 // parseReply parses a script's reply: one bulk string of six space-separated
-// decimal integers. A single string costs one allocation in the client where
-// an array of integers costs one per element. Anything else is an error, never
-// a panic: the reply may come from a server or proxy that misbehaves.
+// decimal integers, or a stamped denial (ParseReplyText). A single string
+// costs one allocation in the client where an array of integers costs one
+// per element. Anything else is an error, never a panic: the reply may come
+// from a server or proxy that misbehaves.
 func parseReply(v any) (Reply, error) {
 	s, ok := v.(string)
 	if !ok {
 		return Reply{}, fmt.Errorf("unexpected script reply %T, want a string", v)
 	}
-	return parseReplyText(s)
+	return ParseReplyText(s)
 }
 
-func parseReplyText(s string) (Reply, error) {
+// parseReplyText parses the six integers of a reply, or a stamped denial:
+// "~" and six integers, elapsed from till retry reset strategy. The sliding
+// scripts send it for a denial they read from a denial stamp (see
+// scripts/sliding.lua): the stamp as stored, durations from its time from,
+// and the µs elapsed since then, so that the script formats one number
+// and this side subtracts.
+func ParseReplyText(s string) (Reply, error) {
 	var fields [replyFields]int64
-	i := 0
-	for f := range fields {
-		if i >= len(s) {
-			return Reply{}, fmt.Errorf("malformed script reply %q: %d fields, want %d", s, f, replyFields)
-		}
-		neg := s[i] == '-'
-		if neg {
-			i++
-		}
-		start := i
-		var x int64
-		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-			if x > (1<<62)/10 {
-				return Reply{}, fmt.Errorf("malformed script reply %q: number out of range", s)
-			}
-			x = x*10 + int64(s[i]-'0')
-			i++
-		}
-		if i == start || (s[start] == '0' && (i-start > 1 || neg)) {
-			// Scripts write integers canonically: no leading zero, no -0.
-			return Reply{}, fmt.Errorf("malformed script reply %q: field %d is not a number", s, f+1)
-		}
-		if neg {
-			x = -x
-		}
-		fields[f] = x
-		if f < replyFields-1 {
-			if i >= len(s) || s[i] != ' ' {
-				return Reply{}, fmt.Errorf("malformed script reply %q: %d fields, want %d", s, f+1, replyFields)
-			}
-			i++
-		}
+	text := s
+	stamped := len(s) > 0 && s[0] == '~'
+	if stamped {
+		text = s[1:]
 	}
-	if i != len(s) {
-		return Reply{}, fmt.Errorf("malformed script reply %q: trailing data", s)
+	if err := parseFields(text, fields[:]); err != nil {
+		return Reply{}, fmt.Errorf("malformed script reply %q: %w", s, err)
+	}
+	if stamped {
+		elapsed, from, till, retryUS, resetUS, strategy := fields[0], fields[1], fields[2], fields[3], fields[4], fields[5]
+		if elapsed < 0 || from < 0 || till <= elapsed || retryUS < till || resetUS < retryUS ||
+			resetUS > maxDurationUS || strategy < 0 || strategy > 1<<16 {
+			return Reply{}, fmt.Errorf("script reply %q out of range", s)
+		}
+		// A denial, nothing left: the stamp holds for one permit.
+		fields = [replyFields]int64{0, 0, retryUS - elapsed, resetUS - elapsed, strategy, till - elapsed}
 	}
 	allowed, remaining, retryUS, resetUS, strategy, stableUS := fields[0], fields[1], fields[2], fields[3], fields[4], fields[5]
 	switch {
@@ -111,4 +100,46 @@ func parseReplyText(s string) (Reply, error) {
 		r.RetryAfter = time.Duration(retryUS) * time.Microsecond
 	}
 	return r, nil
+}
+
+// parseFields parses len(fields) space-separated decimal integers, written
+// canonically (no leading zero, no -0, no sign but -), that fill s.
+func parseFields(s string, fields []int64) error {
+	i := 0
+	for f := range fields {
+		if i >= len(s) {
+			return fmt.Errorf("%d fields, want %d", f, len(fields))
+		}
+		neg := s[i] == '-'
+		if neg {
+			i++
+		}
+		start := i
+		var x int64
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			if x > (1<<62)/10 {
+				return errors.New("number out of range")
+			}
+			x = x*10 + int64(s[i]-'0')
+			i++
+		}
+		if i == start || (s[start] == '0' && (i-start > 1 || neg)) {
+			// Scripts write integers canonically: no leading zero, no -0.
+			return fmt.Errorf("field %d is not a number", f+1)
+		}
+		if neg {
+			x = -x
+		}
+		fields[f] = x
+		if f < len(fields)-1 {
+			if i >= len(s) || s[i] != ' ' {
+				return fmt.Errorf("%d fields, want %d", f+1, len(fields))
+			}
+			i++
+		}
+	}
+	if i != len(s) {
+		return errors.New("trailing data")
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,6 +38,22 @@ var replyCases = []struct {
 		want: Reply{Remaining: 1, RetryAfter: 5 * time.Millisecond, ResetAfter: 9 * time.Millisecond, Stable: 2 * time.Millisecond}},
 	{name: "stable 0", in: "0 1 5000 9000 0 0",
 		want: Reply{Remaining: 1, RetryAfter: 5 * time.Millisecond, ResetAfter: 9 * time.Millisecond}},
+
+	// A stamped denial: ~ elapsed from till retry reset strategy, the
+	// stamp's durations counted from its time from.
+	{name: "stamped denial", in: "~250 1800000000000000 1000 4000 9000 1",
+		want: Reply{RetryAfter: 3750 * time.Microsecond, ResetAfter: 8750 * time.Microsecond, Strategy: 1, Stable: 750 * time.Microsecond}},
+	{name: "stamped denial, at its time", in: "~0 1800000000000000 1000 1000 1000 0",
+		want: Reply{RetryAfter: time.Millisecond, ResetAfter: time.Millisecond, Stable: time.Millisecond}},
+	{name: "stamp run out", in: "~1000 1800000000000000 1000 1000 1000 0", wantErr: true},
+	{name: "stamp before its time", in: "~-1 1800000000000000 1000 1000 1000 0", wantErr: true},
+	{name: "stamp retry before till", in: "~0 1800000000000000 1000 999 1000 0", wantErr: true},
+	{name: "stamp reset before retry", in: "~0 1800000000000000 1000 2000 1999 0", wantErr: true},
+	{name: "stamp strategy out of range", in: "~0 1800000000000000 1000 1000 1000 65537", wantErr: true},
+	{name: "stamp, five fields", in: "~0 1800000000000000 1000 1000 1000", wantErr: true},
+	{name: "stamp alone", in: "~", wantErr: true},
+	{name: "two stamps", in: "~~0 1800000000000000 1000 1000 1000 0", wantErr: true},
+	{name: "stamp after a space", in: " ~0 1800000000000000 1000 1000 1000 0", wantErr: true},
 
 	// Not a string: what a script returning a table or number would give.
 	{name: "nil", in: nil, wantErr: true},
@@ -101,7 +118,7 @@ func TestParseReply(t *testing.T) {
 			}
 			require.NoError(t, err, "parseReply(%#v) should accept a valid reply", tc.in)
 			require.Equal(t, tc.want, got, "parseReply(%#v)", tc.in)
-			require.Equal(t, tc.in, formatReply(got), "a valid reply should re-format to itself")
+			requireFormatsBack(t, tc.in.(string), got)
 		})
 	}
 }
@@ -124,7 +141,8 @@ func formatReply(r Reply) string {
 
 // FuzzParseReply checks that parseReply never panics, and that whatever it
 // accepts is a reply a script could have written: in range, and written in
-// exactly one way.
+// exactly one way (a stamped denial aside: it stands for a six-integer
+// reply, see requireFormatsBack).
 func FuzzParseReply(f *testing.F) {
 	for _, tc := range replyCases {
 		if s, ok := tc.in.(string); ok {
@@ -142,6 +160,23 @@ func FuzzParseReply(f *testing.F) {
 		require.True(t, r.RetryAfter == Never || r.RetryAfter >= 0, "parseReply(%q): RetryAfter %v must be Never or >= 0", s, r.RetryAfter)
 		require.True(t, !r.Allowed || r.RetryAfter == 0, "parseReply(%q): allowed with RetryAfter %v, want 0", s, r.RetryAfter)
 		require.True(t, r.Strategy >= 0 && r.Strategy <= 1<<16, "parseReply(%q): strategy %d out of range", s, r.Strategy)
-		require.Equal(t, s, formatReply(r), "parseReply(%q) accepted a reply that does not re-format to itself", s)
+		requireFormatsBack(t, s, r)
 	})
+}
+
+// requireFormatsBack requires that s, which parsed to r, is r as a script
+// writes it; or, for a stamped denial, that r is a denial with nothing left
+// which a script writes in the six-integer form and which parses back to r.
+func requireFormatsBack(t *testing.T, s string, r Reply) {
+	t.Helper()
+	if !strings.HasPrefix(s, "~") {
+		require.Equal(t, s, formatReply(r), "parseReply(%q) accepted a reply that does not re-format to itself", s)
+		return
+	}
+	require.False(t, r.Allowed, "parseReply(%q): a stamp is a denial", s)
+	require.Zero(t, r.Remaining, "parseReply(%q): a stamped denial leaves nothing", s)
+	require.Positive(t, r.Stable, "parseReply(%q): a stamp in force has time left", s)
+	back, err := parseReply(formatReply(r))
+	require.NoError(t, err, "parseReply(%q) = %+v, which no six integers say", s, r)
+	require.Equal(t, r, back, "parseReply(%q)", s)
 }
