@@ -70,14 +70,16 @@ func NewSlidingLog(rdb redis.Scripter, precision time.Duration, strategies []Str
 		sizes[i] = size
 		limits[i], windows[i] = s.Limit, s.Window
 	}
+	args := slidingArgs("L4", precisionUS, limits, sizes)
 	l, err := newLimiter(rdb, spec{
-		algorithm: algorithm,
-		code:      "sl",
-		format:    5,
-		script:    slidingLogScript,
-		args:      slidingArgs("L4", precisionUS, limits, sizes),
-		limits:    limits,
-		windows:   windows,
+		algorithm:  algorithm,
+		code:       "sl",
+		format:     5,
+		script:     slidingLogScript,
+		args:       args,
+		sharedArgs: []any{stampOwner(args[0].(string))},
+		limits:     limits,
+		windows:    windows,
 	}, opts)
 	if err != nil {
 		return nil, err

@@ -41,14 +41,16 @@ func NewSlidingWindow(rdb redis.Scripter, limit int, window, precision time.Dura
 	if err != nil {
 		return nil, err
 	}
+	args := slidingArgs("W4", precisionUS, []int{limit}, []int64{size})
 	l, err := newLimiter(rdb, spec{
-		algorithm: algorithm,
-		code:      "sw",
-		format:    5,
-		script:    slidingWindowScript,
-		args:      slidingArgs("W4", precisionUS, []int{limit}, []int64{size}),
-		limits:    []int{limit},
-		windows:   []time.Duration{window},
+		algorithm:  algorithm,
+		code:       "sw",
+		format:     5,
+		script:     slidingWindowScript,
+		args:       args,
+		sharedArgs: []any{stampOwner(args[0].(string))},
+		limits:     []int{limit},
+		windows:    []time.Duration{window},
 	}, opts)
 	if err != nil {
 		return nil, err

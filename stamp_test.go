@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/engine"
@@ -15,10 +16,10 @@ import (
 )
 
 // The sliding scripts' denial stamp (scripts/sliding.lua): a denial of one
-// permit that leaves the state as it found it writes, in field d, what
+// permit that leaves the state as it found it writes, in field m, what
 // every request for one permit gets until the first oldest bucket leaves a
-// window, and marks the meta with "!"; those requests are then answered
-// from five numbers.
+// window, and moves the meta to field d; those requests are then answered
+// from two numbers.
 
 // stampConfig is one sliding configuration as the script sees it.
 type stampConfig struct {
@@ -26,23 +27,29 @@ type stampConfig struct {
 	args []any // ARGV after now and n
 }
 
-// stampConfigs draws a sliding window and two sliding logs from rng, small
-// limits so that denials are frequent, and for each a second configuration
-// that may share its key (a deploy that changed the limit).
+// stampConfigs draws a sliding window and three sliding logs from rng,
+// small limits so that denials are frequent, and for each but one a second
+// configuration that may share its key through WithPrefix (a deploy that
+// changed the limit); the one alone is on a default key.
 func stampConfigs(rng *rand.Rand) [][2]stampConfig {
 	precision := int64(1+rng.IntN(200)) * 1000
 	limit := 1 + rng.IntN(6)
 	size := int64(1 + rng.IntN(20))
+	// The ARGV of a limiter with WithPrefix: its stamps name it.
+	shared := func(args []any) []any { return append(args, stampOwner(args[0].(string))) }
 	sw := func(limit int) stampConfig {
-		return stampConfig{fmt.Sprintf("sliding_window(%d per %d×%dµs)", limit, size, precision), slidingArgs("W4", precision, []int{limit}, []int64{size})}
+		return stampConfig{fmt.Sprintf("sliding_window(%d per %d×%dµs)", limit, size, precision), shared(slidingArgs("W4", precision, []int{limit}, []int64{size}))}
 	}
 	sl := func(limits []int, sizes []int64) stampConfig {
-		return stampConfig{fmt.Sprintf("sliding_log(%v per %v×%dµs)", limits, sizes, precision), slidingArgs("L4", precision, limits, sizes)}
+		return stampConfig{fmt.Sprintf("sliding_log(%v per %v×%dµs)", limits, sizes, precision), shared(slidingArgs("L4", precision, limits, sizes))}
 	}
 	two := []int64{size, size * int64(2+rng.IntN(4))}
 	three := []int64{size, two[1], two[1] * 3}
+	// A default key: one configuration alone, its stamps name none.
+	alone := stampConfig{fmt.Sprintf("sliding_log(%v per %v×%dµs), default key", []int{limit, limit + 2}, two, precision), slidingArgs("L4", precision, []int{limit, limit + 2}, two)}
 	return [][2]stampConfig{
 		{sw(limit), sw(limit + 2)},
+		{alone, alone},
 		{sl([]int{limit, limit + 3}, two), sl([]int{limit + 1, limit + 4}, two)},
 		{sl([]int{limit, limit + 3, limit + 9}, three), sl([]int{limit, limit + 3}, two)},
 	}
@@ -106,11 +113,8 @@ func TestSlidingDenialStampChangesNoReply(t *testing.T) {
 						require.True(t, strings.HasPrefix(before, "!") && cfg.name == pair[0].name && n == 1, "a stamped reply to another call: %q", before)
 						hits++
 					}
-					m := b.rdb.HGet(ctx, keys[1], "m").Val()
-					if strings.HasPrefix(m, "!") {
+					if unstamp(t, b.rdb, keys[1]) {
 						stamped++
-						require.NoError(t, b.rdb.HSet(ctx, keys[1], "m", m[1:]).Err())
-						require.NoError(t, b.rdb.HDel(ctx, keys[1], "d").Err())
 					}
 				}
 			}
@@ -121,8 +125,23 @@ func TestSlidingDenialStampChangesNoReply(t *testing.T) {
 	})
 }
 
-// A stamped denial costs Redis two HGETs and nothing else; the first
-// denial writes the stamp, and a grant drops its mark. On a server of
+// unstamp moves key's meta back to field m when a stamp holds it, as if
+// the stamp had never been written, and reports whether one did.
+func unstamp(t *testing.T, rdb *redis.Client, key string) bool {
+	t.Helper()
+	ctx := context.Background()
+	if !strings.HasPrefix(rdb.HGet(ctx, key, "m").Val(), "!") {
+		return false
+	}
+	meta, err := rdb.HGet(ctx, key, "d").Result()
+	require.NoError(t, err, "a stamp moves the meta to d")
+	require.NoError(t, rdb.HSet(ctx, key, "m", meta).Err())
+	require.NoError(t, rdb.HDel(ctx, key, "d").Err())
+	return true
+}
+
+// A stamped denial costs Redis one HGET and nothing else; the first denial
+// writes the stamp, and a grant writes the meta back in its place. On a server of
 // its own: INFO commandstats counts every client's commands.
 func TestSlidingDenialStampCost(t *testing.T) {
 	t.Parallel()
@@ -162,25 +181,26 @@ func TestSlidingDenialStampCost(t *testing.T) {
 			for cmd, n := range after {
 				want := mid[cmd]
 				if cmd == "hget" {
-					want += 2 * denials
+					want += denials
 				}
-				require.Equal(t, want, n, "%s: a stamped denial runs two HGETs and nothing else", cmd)
+				require.Equal(t, want, n, "%s: a stamped denial runs one HGET and nothing else", cmd)
 			}
 			clock.Advance(time.Second)
 			r, err := l.Allow(ctx, alg.code)
 			require.NoError(t, err)
 			require.True(t, r.Allowed)
-			require.False(t, strings.HasPrefix(rdb.HGet(ctx, key, "m").Val(), "!"), "a grant drops the mark")
+			require.False(t, strings.HasPrefix(rdb.HGet(ctx, key, "m").Val(), "!"), "a grant writes the meta over the stamp")
 		})
 	}
 }
 
-// A mark before anything but a format-4 meta is not redlimit's: every
-// call is ErrForeignState and the key is left as it was. A marked meta
-// whose stamp is missing or malformed is decided as if it were unmarked.
-// (A well-formed stamp under a mark before the caller's own meta text is
-// the README's one exception, a value in redlimit's exact format: a
-// stamped denial reads no further.)
+// A hash whose field m starts like a stamp but is not one, or is one that
+// is not in force with no meta in d, is not redlimit's: every call is ErrForeignState and the
+// key is left as it was. A stamp that has run out, is not yet in force, or
+// was written by another configuration is passed over: the call decides
+// on the meta in d as if there were no stamp. (A well-formed stamp in
+// force, of the caller's configuration, is the README's one exception, a
+// value in redlimit's exact format: a stamped denial reads no further.)
 func TestSlidingDenialStampMalformed(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
@@ -188,10 +208,22 @@ func TestSlidingDenialStampMalformed(t *testing.T) {
 		clock := newClock()
 		l, err := NewSlidingWindow(b.rdb, 3, time.Second, 100*time.Millisecond, WithClock(clock.Now), WithPrefix("badstamp:"))
 		require.NoError(t, err)
+		owner := stampOwner(slidingArgs("W4", 100_000, []int{3}, []int64{10})[0].(string))
 		require.Equal(t, 3, drain(t, l, "real", 3))
-		meta := strings.TrimPrefix(b.rdb.HGet(ctx, "badstamp:real", "m").Val(), "!")
-		format3 := "W" + strings.TrimPrefix(meta, "W4")
-		for i, bad := range []string{"!" + format3, "!!" + meta, "! " + meta, "!" + meta + " junk", "!W5" + strings.TrimPrefix(meta, "W4")} {
+		unstamp(t, b.rdb, "badstamp:real")
+		meta := b.rdb.HGet(ctx, "badstamp:real", "m").Val()
+		require.True(t, strings.HasPrefix(meta, "W4 "), meta)
+		now := clock.now.UnixMicro()
+		stamp := func(from int64, owner string) string {
+			return fmt.Sprintf("!%d 1000 1000 1000 0 %s", from, owner)
+		}
+		for i, bad := range []string{
+			"!" + "W" + strings.TrimPrefix(meta, "W4"), // a mark before format 3
+			"!!" + meta, "! " + meta, "!" + meta, "!" + meta + " junk",
+			stamp(now-1000, owner), // run out, and no meta in d
+			fmt.Sprintf("!%d 1000 x 1000 0 %s", now, owner),
+			fmt.Sprintf("!%d 1000 1000 1000 0 %s junk", now, owner),
+		} {
 			key := fmt.Sprintf("bad%d", i)
 			require.NoError(t, b.rdb.HSet(ctx, "badstamp:"+key, "m", bad).Err())
 			require.NoError(t, b.rdb.PExpire(ctx, "badstamp:"+key, time.Hour).Err())
@@ -201,26 +233,74 @@ func TestSlidingDenialStampMalformed(t *testing.T) {
 				require.Equal(t, bad, b.rdb.HGet(ctx, "badstamp:"+key, "m").Val(), "left as it was")
 			}
 		}
-		now := clock.now.UnixMicro()
-		for i, d := range []string{"", "x", "1 2 3 4", "1 2 3 4 0 5", fmt.Sprintf("%d -1 1 1 0", now), fmt.Sprintf(" %d 1 1 1 0", now), "-"} {
-			marked, plain := fmt.Sprintf("marked%d", i), fmt.Sprintf("plain%d", i)
-			require.NoError(t, b.rdb.HSet(ctx, "badstamp:"+marked, "m", "!"+meta).Err())
+		for i, m := range []string{
+			stamp(now-1000, owner),    // run out
+			stamp(now+1, owner),       // not yet in force
+			stamp(now, "someoneelse"), // another configuration's
+			stamp(now, ""),            // a default key's
+		} {
+			stamped, plain := fmt.Sprintf("stamped%d", i), fmt.Sprintf("plain%d", i)
+			require.NoError(t, b.rdb.HSet(ctx, "badstamp:"+stamped, "m", strings.TrimSpace(m), "d", meta).Err())
 			require.NoError(t, b.rdb.HSet(ctx, "badstamp:"+plain, "m", meta).Err())
-			if d != "-" {
-				require.NoError(t, b.rdb.HSet(ctx, "badstamp:"+marked, "d", d).Err())
-			}
-			for _, key := range []string{marked, plain} {
+			for _, key := range []string{stamped, plain} {
 				require.NoError(t, b.rdb.PExpire(ctx, "badstamp:"+key, time.Hour).Err())
 			}
-			for step := range 3 {
-				got, err := l.Allow(ctx, marked)
-				require.NoError(t, err, "stamp %q", d)
-				want, err := l.Allow(ctx, plain)
-				require.NoError(t, err)
-				require.Equal(t, want, got, "stamp %q, call %d", d, step)
-				require.False(t, got.Allowed)
-				clock.Advance(time.Millisecond)
-			}
+			got, err := l.Allow(ctx, stamped)
+			require.NoError(t, err, "stamp %q", m)
+			want, err := l.Allow(ctx, plain)
+			require.NoError(t, err)
+			require.Equal(t, want, got, "stamp %q", m)
+			require.False(t, got.Allowed)
 		}
+	})
+}
+
+// On the server's clock, a stamped denial replies now as TIME's two
+// strings joined, its microseconds padded to six digits. miniredis's clock
+// is set to microseconds of every width, and must give the same Results as
+// a key without a stamp at the same instant; the real server's runs for
+// over a second, so that its microseconds pass below 100,000, and every
+// reply must parse and count down.
+func TestSlidingDenialStampServerTime(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		l, err := NewSlidingWindow(b.rdb, 3, 10*time.Second, time.Second, WithPrefix("stamptime:"))
+		require.NoError(t, err)
+		if b.mini != nil {
+			start := epoch.Add(5123 * time.Microsecond)
+			b.mini.SetTime(start)
+			require.Equal(t, 3, drain(t, l, "kept", 3))
+			require.Equal(t, 3, drain(t, l, "removed", 3))
+			for _, at := range []time.Duration{7, 99_999, 100_000, 999_999, 1_000_000, 1_000_007, 3_012_345} {
+				b.mini.SetTime(start.Add(at * time.Microsecond))
+				require.True(t, strings.HasPrefix(b.rdb.HGet(ctx, "stamptime:kept", "m").Val(), "!"), "kept has its stamp")
+				unstamp(t, b.rdb, "stamptime:removed")
+				kept, err := l.Allow(ctx, "kept")
+				require.NoError(t, err)
+				removed, err := l.Allow(ctx, "removed")
+				require.NoError(t, err)
+				require.Equal(t, removed, kept, "at +%dµs", at)
+				require.False(t, kept.Allowed)
+			}
+			return
+		}
+		require.Equal(t, 3, drain(t, l, "real", 3))
+		last, low := 10*time.Second, 0
+		for begin := time.Now(); time.Since(begin) < 1200*time.Millisecond; time.Sleep(time.Millisecond) {
+			now, err := b.rdb.Time(ctx).Result()
+			require.NoError(t, err)
+			if now.Nanosecond() < 100_000_000 {
+				low++
+			}
+			r, err := l.Allow(ctx, "real")
+			require.NoError(t, err)
+			require.False(t, r.Allowed)
+			require.Positive(t, r.RetryAfter)
+			require.LessOrEqual(t, r.RetryAfter, last, "a denial's wait counts down")
+			last = r.RetryAfter
+		}
+		require.Positive(t, low, "calls in the first 100ms of a second")
+		require.True(t, strings.HasPrefix(b.rdb.HGet(ctx, "stamptime:real", "m").Val(), "!"), "the denials read a stamp")
 	})
 }

@@ -1,6 +1,7 @@
 package redlimit
 
 import (
+	"hash/fnv"
 	"strconv"
 	"time"
 
@@ -80,6 +81,25 @@ func slidingArgs(tag string, precisionUS int64, limits []int, sizes []int64) []a
 	}
 	args[0] = string(own)
 	return args
+}
+
+// stampOwner names a sliding configuration in the denial stamps it writes
+// under WithPrefix, where other configurations may read the key
+// (scripts/sliding.lua): FNV-1a, 64 bits, of its meta text own (args[0] of
+// slidingArgs), in base 32. A default key holds one configuration's state
+// (its prefix is that configuration's fingerprint), and its stamps name
+// none.
+func stampOwner(own string) string {
+	h := fnv.New64a()
+	h.Write([]byte(own))
+	sum := h.Sum64()
+	const digits = "0123456789abcdefghijklmnopqrstuv"
+	var name [13]byte
+	for i := range name {
+		name[i] = digits[sum&31]
+		sum >>= 5
+	}
+	return string(name[:])
 }
 
 // bucketArgs checks a bucket's capacity and rate and returns the scripts'

@@ -14,13 +14,13 @@
 --              sliding window, "L4" for the sliding log), then integers:
 --              P E (prec size limit upto)*E tail tail_count
 --              (cursor total)*E [head all]; indices relative to the tail
---              (meta_string). While one configuration alone uses the
---              key, "!" may lead it: field d then holds a denial stamp
---              (sliding.lua); every write of the meta here drops the mark.
---   "d"        the denial stamp: "from till retry reset reported", what a
---              request for one permit gets until till; read only while the
---              meta is marked. State format 5 (the Go side's spec.format)
---              is format 4 with the mark and this field.
+--              (meta_string); or, while one configuration alone uses the
+--              key, a denial stamp, "!from till retry reset reported
+--              [owner]", what a request for one permit gets until till
+--              (sliding.lua), and then
+--   "d"        holds the meta. Every write of the meta here writes it to
+--              m, and a d it leaves is never read. State format 5 (the Go
+--              side's spec.format) is format 4 with the stamp.
 --   "<index>"  a nonempty bucket but the newest (the tail, whose count is
 --              the meta's tail_count): "<count> <index of the next
 --              nonempty bucket>".
@@ -82,10 +82,6 @@ end
 -- The meta as a table, or nil when it is not this algorithm's. An entry
 -- of the older format has no limit (e.limit == nil).
 local function parse_meta(raw, tag)
-  -- "!" marks a format-4 meta whose field d holds a denial stamp
-  -- (sliding.lua); it says nothing of the state.
-  local stamped = string.sub(raw, 1, 1) == '!'
-  if stamped then raw = string.sub(raw, 2) end
   local version, skip
   local first = string.sub(raw, 1, 1)
   if first == string.upper(tag) and string.sub(raw, 2, 2) == '4' then
@@ -97,7 +93,6 @@ local function parse_meta(raw, tag)
   else
     return nil
   end
-  if stamped and version ~= 4 then return nil end
   local body = string.sub(raw, skip + 1)
   local E = string.match(body, '^ %d+ (%d+) ')
   if not E then return nil end

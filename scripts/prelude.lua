@@ -7,10 +7,11 @@
 -- with statements: what is here sets locals, and defines no function.
 
 -- Now, from ARGV or the server's TIME. Writing after TIME needs effects
--- replication, the default since Redis 5.
-local now
+-- replication, the default since Redis 5. t keeps TIME's reply, two
+-- decimal strings (seconds, µs), for a reply that gives now as text.
+local now, t
 if ARGV[1] == '' then
-  local t = redis.call('TIME')
+  t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
 else
   now = ARGV[1] + 0

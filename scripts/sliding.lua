@@ -16,16 +16,18 @@
 -- ARGV[5], ARGV[6]   limit and size (window / precision) of the shortest
 -- ...                strategy, then the next ones, by window ascending,
 --                    limits ascending
+-- last, under WithPrefix only: the configuration's name in the denial
+--                    stamps it writes (stampOwner in validate.go)
 --
 -- This file decides the common case on a few numbers: the meta holds only
 -- the caller's own entries on its grid, each last granted in the tail (the
--- meta then starts with own, or with "!" and own), the tail is
--- not in the clock's future and the windows have not all emptied. It is
--- buckets.lua's path for that state, step for step: the same reads and
--- reply, and the same writes but for the denial stamp, which buckets.lua
--- neither reads nor writes. A denial of one permit that a stamp answers
--- costs two HGETs and two numbers; the first denial of a state pays for
--- the stamp's write (see BENCHMARKS.md for both). Every other state falls
+-- meta then starts with own), the tail is not in the clock's future and
+-- the windows have not all emptied. It is buckets.lua's path for that
+-- state, step for step: the same reads and reply, and the same writes but
+-- for the denial stamp (below), which buckets.lua never writes. A denial
+-- of one permit that a stamp answers costs one HGET and two numbers; the
+-- first denial of a state pays for the stamp's write (see BENCHMARKS.md
+-- for both). Every other state falls
 -- through, before a bucket is read, to common.lua and buckets.lua, whose
 -- helpers are only created when they run: every function a script defines
 -- costs Redis a closure on every call that reaches its definition. So this
@@ -33,50 +35,61 @@
 -- read a bucket; what common.lua's helpers do is written out here.
 
 local own = ARGV[3]
+-- Tables built by a constructor get their size at once; each growth of
+-- one costs a rehash. An odd count of ARGV ends with the stamps' owner.
+local S, owner = (#ARGV - 4) / 2, ''
+if S % 1 ~= 0 then S, owner = S - 0.5, ARGV[#ARGV] end
 
 -- The meta field: own, then the rest (below), when only the caller's
--- configuration uses the key, led by "!" when field d holds a denial
--- stamp. A string indexed by err is nil: strings index the string library.
+-- configuration uses the key. A string indexed by err is nil: strings
+-- index the string library.
 local raw = redis.pcall('HGET', KEYS[1], 'm')
--- at: where the rest starts in raw, when own is there.
-local at
+-- at: where the rest starts in raw, when own is there. in_d: the meta is
+-- in field d, and m holds a denial stamp.
+local at, in_d
 if raw and not raw.err then
-  local p = string.find(raw, own, 1, true)
-  if p == 1 then
+  if string.find(raw, own, 1, true) == 1 then
     at = #own + 1
-  elseif p == 2 and string.byte(raw) == 33 then
-    at = #own + 2
-    -- The denial stamp, field d: "from till retry reset reported", written
-    -- by a denial of one permit at from (µs) that changed nothing, with
-    -- the "!" that marks the meta; till, retry and reset are relative to
+  elseif string.byte(raw) == 33 then
+    -- The denial stamp: "!from till retry reset reported[ owner]" in m,
+    -- the meta moved to field d. A denial of one permit at from (µs)
+    -- that changed nothing writes it; till, retry and reset count from
     -- from, till being when the first of the windows' oldest buckets
-    -- leaves. Every other write of the meta drops the mark, so while it
-    -- is there the state is the one the stamp describes; from then until
-    -- till no bucket leaves a window and the tail is not in the clock's
-    -- future, and a request for one permit is denied with the same
-    -- absolute times. It is decided here, on two numbers: the reply is
-    -- "~", the µs since from and the stamp, and the Go side subtracts
-    -- (internal/engine/reply.go). A clock before from, or n ~= 1, reads
-    -- on. (In a field of its own: in the meta, the stamp would take it
-    -- past the 64 bytes of hash-max-listpack-value, and Redis would keep
-    -- the key as a hash table, twice the memory, for good.)
-    if n == 1 then
-      local d = redis.call('HGET', KEYS[1], 'd')
-      if d then
-        local _, _, from, till = string.find(d, '^(%d+) (%d+) %d+ %d+ %d+$')
-        if from then
-          local elapsed = now - from
-          if elapsed >= 0 and elapsed < till + 0 then return string.format('~%d %s', elapsed, d) end
+    -- leaves. Every other write of the meta writes it to m, unmarked, so
+    -- while the stamp is there the state is the one it describes: from
+    -- then until till no bucket leaves a window and the tail is not in
+    -- the clock's future, and a request for one permit is denied with the
+    -- same absolute times. The stamp's owner, under WithPrefix, is the
+    -- configuration that wrote it; a default key only ever holds one.
+    -- Such a request is decided here, on two numbers: the reply is "~",
+    -- now and the stamp, and the Go side subtracts
+    -- (internal/engine/reply.go); now is ARGV's text, or TIME's two, so
+    -- that no number is formatted. A clock before from, or n ~= 1, or
+    -- another configuration, reads the meta from d. (A field of its own:
+    -- stamp and meta together would pass the 64 bytes of
+    -- hash-max-listpack-value, and Redis would keep the key as a hash
+    -- table, twice the memory, for good.)
+    local _, _, from, till, name = string.find(raw, '^!(%d+) (%d+) %d+ %d+ %d+ ?(%w*)$')
+    if n == 1 and name == owner then
+      local elapsed = now - from
+      if elapsed >= 0 and elapsed < till + 0 then
+        local text = ARGV[1]
+        if t then
+          local us = t[2]
+          if #us < 6 then us = string.sub('00000' .. us, -6) end
+          text = t[1] .. us
         end
+        return '~' .. text .. ' ' .. raw
       end
+    end
+    if from then
+      raw, in_d = redis.call('HGET', KEYS[1], 'd'), true
+      if raw and string.find(raw, own, 1, true) == 1 then at = #own + 1 end
     end
   end
 end
 
 local precision = ARGV[4] + 0
--- Tables built by a constructor get their size at once; each growth of
--- one costs a rehash.
-local S = (#ARGV - 4) / 2
 local limits, sizes
 if S == 1 then
   limits, sizes = {ARGV[5] + 0}, {ARGV[6] + 0}
@@ -315,11 +328,12 @@ repeat
   -- on this state reads the same buckets, within the same budget, and
   -- replies the same. Best effort, like every write of a denial.
   if not allowed and n == 1 and not changed and stable > 0 then
-    local stamp = string.format('%d %d %d %d %d', now, stable, retry, reset, reported - 1)
-    if at > #own + 1 then
-      redis.pcall('HSET', KEYS[1], 'd', stamp)
+    local stamp = string.format('!%d %d %d %d %d', now, stable, retry, reset, reported - 1)
+    if owner ~= '' then stamp = stamp .. ' ' .. owner end
+    if in_d then
+      redis.pcall('HSET', KEYS[1], 'm', stamp)
     else
-      redis.pcall('HSET', KEYS[1], 'm', '!' .. raw, 'd', stamp)
+      redis.pcall('HSET', KEYS[1], 'm', stamp, 'd', raw)
     end
   end
 

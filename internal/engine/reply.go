@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 )
 
@@ -50,30 +51,29 @@ func parseReply(v any) (Reply, error) {
 	return ParseReplyText(s)
 }
 
-// parseReplyText parses the six integers of a reply, or a stamped denial:
-// "~" and six integers, elapsed from till retry reset strategy. The sliding
-// scripts send it for a denial they read from a denial stamp (see
-// scripts/sliding.lua): the stamp as stored, durations from its time from,
-// and the µs elapsed since then, so that the script formats one number
-// and this side subtracts.
+// ParseReplyText parses the six integers of a reply, or a stamped denial:
+// "~now !from till retry reset strategy[ owner]". The sliding scripts send
+// it for a denial they read from a denial stamp (see scripts/sliding.lua):
+// the time they decided at (Unix µs), a space, and the stamp as stored,
+// whose durations count from its time from and whose owner, letters and
+// digits, names the configuration that wrote it. The script formats no
+// number; this side subtracts.
 func ParseReplyText(s string) (Reply, error) {
 	var fields [replyFields]int64
-	text := s
-	stamped := len(s) > 0 && s[0] == '~'
-	if stamped {
-		text = s[1:]
-	}
-	if err := parseFields(text, fields[:]); err != nil {
-		return Reply{}, fmt.Errorf("malformed script reply %q: %w", s, err)
-	}
-	if stamped {
-		elapsed, from, till, retryUS, resetUS, strategy := fields[0], fields[1], fields[2], fields[3], fields[4], fields[5]
-		if elapsed < 0 || from < 0 || till <= elapsed || retryUS < till || resetUS < retryUS ||
+	if len(s) > 0 && s[0] == '~' {
+		if err := parseStamp(s[1:], &fields); err != nil {
+			return Reply{}, fmt.Errorf("malformed script reply %q: %w", s, err)
+		}
+		now, from, till, retryUS, resetUS, strategy := fields[0], fields[1], fields[2], fields[3], fields[4], fields[5]
+		elapsed := now - from
+		if now < 0 || from < 0 || elapsed < 0 || till <= elapsed || retryUS < till || resetUS < retryUS ||
 			resetUS > maxDurationUS || strategy < 0 || strategy > 1<<16 {
 			return Reply{}, fmt.Errorf("script reply %q out of range", s)
 		}
 		// A denial, nothing left: the stamp holds for one permit.
 		fields = [replyFields]int64{0, 0, retryUS - elapsed, resetUS - elapsed, strategy, till - elapsed}
+	} else if err := parseFields(s, fields[:]); err != nil {
+		return Reply{}, fmt.Errorf("malformed script reply %q: %w", s, err)
 	}
 	allowed, remaining, retryUS, resetUS, strategy, stableUS := fields[0], fields[1], fields[2], fields[3], fields[4], fields[5]
 	switch {
@@ -100,6 +100,39 @@ func ParseReplyText(s string) (Reply, error) {
 		r.RetryAfter = time.Duration(retryUS) * time.Microsecond
 	}
 	return r, nil
+}
+
+// parseStamp parses a stamped denial after its "~": now, " !", the stamp's
+// five integers, and an owner or none, into fields.
+func parseStamp(s string, fields *[replyFields]int64) error {
+	sp := strings.IndexByte(s, ' ')
+	if sp < 0 || sp+1 >= len(s) || s[sp+1] != '!' {
+		return errors.New("no stamp")
+	}
+	stamp := s[sp+2:]
+	// The owner follows the fifth space of the stamp.
+	for i, spaces := 0, 0; i < len(stamp); i++ {
+		if stamp[i] != ' ' {
+			continue
+		}
+		if spaces++; spaces == 5 {
+			owner := stamp[i+1:]
+			if owner == "" {
+				return errors.New("empty owner")
+			}
+			for j := 0; j < len(owner); j++ {
+				if c := owner[j]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z') {
+					return errors.New("owner is not a name")
+				}
+			}
+			stamp = stamp[:i]
+			break
+		}
+	}
+	if err := parseFields(s[:sp], fields[:1]); err != nil {
+		return err
+	}
+	return parseFields(stamp, fields[1:])
 }
 
 // parseFields parses len(fields) space-separated decimal integers, written
