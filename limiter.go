@@ -269,17 +269,22 @@ func defaultPrefix(s spec) string {
 	for _, a := range s.args {
 		fmt.Fprintf(h, "|%v", a)
 	}
-	sum := h.Sum64()
-	const digits = "0123456789abcdefghijklmnopqrstuv"
 	// 30 bits: two given configurations meet with odds of one in a billion.
 	// Each character is a byte of every key, and two fewer move some key
 	// lengths down an allocator size class (8 or 16 bytes in Redis).
-	var fp [6]byte
-	for i := range fp {
-		fp[i] = digits[sum&31]
+	return "redlimit:" + s.code + ":" + base32(h.Sum64(), 6) + ":"
+}
+
+// base32 writes the low 5×n bits of sum in n base-32 digits, lowest first:
+// letters and digits only.
+func base32(sum uint64, n int) string {
+	const digits = "0123456789abcdefghijklmnopqrstuv"
+	out := make([]byte, n)
+	for i := range out {
+		out[i] = digits[sum&31]
 		sum >>= 5
 	}
-	return "redlimit:" + s.code + ":" + string(fp[:]) + ":"
+	return string(out)
 }
 
 func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {

@@ -92,14 +92,7 @@ func slidingArgs(tag string, precisionUS int64, limits []int, sizes []int64) []a
 func stampOwner(own string) string {
 	h := fnv.New64a()
 	h.Write([]byte(own))
-	sum := h.Sum64()
-	const digits = "0123456789abcdefghijklmnopqrstuv"
-	var name [13]byte
-	for i := range name {
-		name[i] = digits[sum&31]
-		sum >>= 5
-	}
-	return string(name[:])
+	return base32(h.Sum64(), 13)
 }
 
 // bucketArgs checks a bucket's capacity and rate and returns the scripts'
