@@ -25,6 +25,12 @@ const stringHot = `redis.call('TIME')
 if not redis.call('GET', KEYS[1]) then redis.call('SET', KEYS[1], ARGV[1], 'PX', 1000) end
 return ARGV[2]`
 
+// stampHot is the hot path of the two sliding states: TIME, HGET of the
+// field that holds the denial stamp, a denial (no write).
+const stampHot = `redis.call('TIME')
+if not redis.call('HGET', KEYS[1], 'm') then redis.call('HSET', KEYS[1], 'm', ARGV[1]) redis.call('PEXPIRE', KEYS[1], 1000) end
+return ARGV[2]`
+
 // floorScripts maps algorithm → workload → floor script. ARGV[1] is a
 // value of the state's shape, ARGV[2] the reply.
 var floorScripts = map[string]map[string]struct {
@@ -65,21 +71,16 @@ return ARGV[2]`, "17950000000000002", "1 999999 0 60 0 60"},
 redis.call('HGET', KEYS[1], 'm')
 redis.call('HSET', KEYS[1], 'm', ARGV[1])
 return ARGV[2]`, "W4 6000000 1 0 10 1000000 0 299166666 12 9 12", "1 999988 0 60000000 0 5999999"},
-		// HGET of the meta field and of the bucket that leaves the window.
-		"hot": {`redis.call('TIME')
-if not redis.call('HGET', KEYS[1], 'm') then redis.call('HSET', KEYS[1], 'm', ARGV[1]) redis.call('PEXPIRE', KEYS[1], 1000) end
-redis.call('HGET', KEYS[1], '299166657')
-return ARGV[2]`, "W4 100000 1 0 10 100 0 299166666 5 9 100", "0 0 41234 1000000 0 41234"},
+		// A denial read from a denial stamp: HGET of field m, which holds
+		// the stamp (see scripts/sliding.lua); the reply is the stamp and now.
+		"hot": {stampHot, "!1795447848788438 59211562 59211562 59211562 0", "~1795447848800000 !1795447848788438 59211562 59211562 59211562 0"},
 	},
 	"sliding_log": {
 		"allow": {`redis.call('TIME')
 redis.call('HGET', KEYS[1], 'm')
 redis.call('HSET', KEYS[1], 'm', ARGV[1])
 return ARGV[2]`, "L4 6000000 2 0 10 1000000 0 0 100 10000000 0 299166666 12 9 12 99 40", "1 999988 0 600000000 0 5999999"},
-		"hot": {`redis.call('TIME')
-if not redis.call('HGET', KEYS[1], 'm') then redis.call('HSET', KEYS[1], 'm', ARGV[1]) redis.call('PEXPIRE', KEYS[1], 1000) end
-redis.call('HGET', KEYS[1], '299166657')
-return ARGV[2]`, "L4 100000 2 0 10 100 0 0 100 1000 0 299166666 5 9 100 99 400", "0 0 41234 10000000 0 41234"},
+		"hot": {stampHot, "!1795447848788438 59211562 59211562 590211562 0", "~1795447848800000 !1795447848788438 59211562 59211562 590211562 0"},
 	},
 }
 

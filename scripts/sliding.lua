@@ -73,13 +73,10 @@ if raw and not raw.err then
     if n == 1 and name == owner then
       local elapsed = now - from
       if elapsed >= 0 and elapsed < till + 0 then
-        local text = ARGV[1]
-        if t then
-          local us = t[2]
-          if #us < 6 then us = string.sub('00000' .. us, -6) end
-          text = t[1] .. us
-        end
-        return '~' .. text .. ' ' .. raw
+        if not t then return '~' .. ARGV[1] .. ' ' .. raw end
+        local us = t[2]
+        if #us < 6 then us = string.sub('00000' .. us, -6) end
+        return '~' .. t[1] .. us .. ' ' .. raw
       end
     end
     if from then
