@@ -93,7 +93,7 @@ func floorsMarkdown(fs []floorResult) string {
 		return ""
 	}
 	var b strings.Builder
-	b.WriteString("\n| Redis script µs per decision, sequential pass, median over rounds (issue 11) | workload | script µs | floor µs | script − floor | script ÷ floor | redis_rate µs | script ÷ redis_rate | floor ÷ redis_rate | want ÷ redis_rate | cmds/dec script / floor / redis_rate |\n|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
+	b.WriteString("\n| Redis script µs per decision, median over rounds (issue 11) | workload | script µs | floor µs | script − floor | script ÷ floor | redis_rate µs | script ÷ redis_rate | floor ÷ redis_rate | want ÷ redis_rate | cmds/dec script / floor / redis_rate |\n|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
 	for _, f := range fs {
 		fmt.Fprintf(&b, "| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | <= %.1f | %.2f / %.2f / %.2f |\n",
 			f.Algorithm, f.Workload, f.ScriptUS, f.FloorUS, f.ScriptUS-f.FloorUS, f.VsFloor, f.RedisRateUS, f.VsRedisRate, f.FloorVsRate, f.Want, f.ScriptCmds, f.FloorCmds, f.RedisRateCmds)
@@ -145,7 +145,7 @@ type rowResult struct {
 	CommandsPerDecision   float64   `json:"redis_commands_per_decision"` // every command the server ran, in scripts too
 	RoundTripsPerDecision float64   `json:"round_trips_per_decision"`
 	ScriptUSPerDecision   float64   `json:"script_us_per_decision"`
-	ScriptUSMedian        float64   `json:"script_us_per_decision_median"` // median over rounds, sequential pass: the floors table uses it
+	ScriptUSMedian        float64   `json:"script_us_per_decision_median"` // median over rounds: the floors table uses it
 	ScriptVsReturnOne     float64   `json:"script_us_vs_return1"`
 	AllocsPerOp           float64   `json:"allocs_per_op"`
 	BytesPerOp            float64   `json:"bytes_per_op"`

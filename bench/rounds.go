@@ -15,7 +15,7 @@ type row struct {
 	keys     []string
 
 	p50, p99, perSecond, allocs, bytes []float64 // one per round
-	scriptUS                           []float64 // script µs per decision in the sequential pass, one per round
+	scriptUS                           []float64 // script µs per decision, one per round
 	decisions, allowed, errs           int
 	firstErr                           error
 	server                             serverStats // summed over rounds
@@ -101,25 +101,16 @@ func (e *environment) rounds(rows []*row) error {
 			}
 			rt := e.hook.n.Load()
 			seq := sequential(e.ctx, r.decide, r.keys, e.f.seq)
-			mid, err := readStats(e.ctx, e.admin)
-			if err != nil {
-				return err
-			}
 			conc := concurrent(e.ctx, r.decide, r.keys, e.f.goroutines, e.f.conc)
 			after, err := readStats(e.ctx, e.admin)
 			if err != nil {
 				return err
 			}
 			r.roundTrips += e.hook.n.Load() - rt
-			// The round's script µs per decision comes from the sequential
-			// pass alone: one client, so redis-server has a core to itself.
-			// In the concurrent pass 64 goroutines share 2 cores with it and
-			// preempt it mid-script, and the same row moved by ±15% from run
-			// to run (BENCHMARKS.md, stop 16).
-			if seq.ops > 0 {
-				r.scriptUS = append(r.scriptUS, float64(mid.sub(before).scriptUS)/float64(seq.ops))
-			}
 			d := after.sub(before)
+			if ops := seq.ops + conc.ops; ops > 0 {
+				r.scriptUS = append(r.scriptUS, float64(d.scriptUS)/float64(ops))
+			}
 			r.server.calls += d.calls
 			r.server.scriptCall += d.scriptCall
 			r.server.scriptUS += d.scriptUS
