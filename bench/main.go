@@ -37,7 +37,6 @@ type flags struct {
 	adverse    bool
 	jsonPath   string
 	mdPath     string
-	noPin      bool
 }
 
 func main() {
@@ -53,11 +52,7 @@ func main() {
 	flag.BoolVar(&f.adverse, "adversarial", false, "only measure sliding-window calls on adversarial states and exit")
 	flag.StringVar(&f.jsonPath, "json", "", "write all results as JSON to this file")
 	flag.StringVar(&f.mdPath, "md", "", "also write the markdown tables to this file")
-	flag.BoolVar(&f.noPin, "nopin", false, "share every CPU between the bench and its redis-server (before stop 16, every run did); by default, on 2 or more CPUs with taskset, the server gets the last CPU to itself")
 	flag.Parse()
-	if !f.noPin && f.addr == "" {
-		pin()
-	}
 	def := func(d *time.Duration, full, quick time.Duration) {
 		if *d == 0 {
 			*d = full
@@ -196,7 +191,7 @@ type environment struct {
 }
 
 func (f flags) describe() string {
-	return fmt.Sprintf("rounds=%d seq=%v conc=%v goroutines=%d memkeys=%d quick=%v; %s", f.rounds, f.seq, f.conc, f.goroutines, f.memKeys, f.quick, pinning())
+	return fmt.Sprintf("rounds=%d seq=%v conc=%v goroutines=%d memkeys=%d quick=%v", f.rounds, f.seq, f.conc, f.goroutines, f.memKeys, f.quick)
 }
 
 func runID() string {

@@ -111,7 +111,7 @@ type machineInfo struct {
 }
 
 func machine(ctx context.Context, admin *redis.Client) machineInfo {
-	m := machineInfo{CPUs: machineCPUs(), GOMAXPROCS: runtime.GOMAXPROCS(0), OS: runtime.GOOS + "/" + runtime.GOARCH, Go: runtime.Version()}
+	m := machineInfo{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), OS: runtime.GOOS + "/" + runtime.GOARCH, Go: runtime.Version()}
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
 			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {

@@ -45,7 +45,7 @@ func tryStartServer() (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := serverCommand(
+	cmd := exec.Command("redis-server",
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", dir,
 		"--logfile", filepath.Join(dir, "redis.log"))
