@@ -35,8 +35,7 @@
 -- read a bucket; what common.lua's helpers do is written out here.
 
 local own = ARGV[3]
--- Tables built by a constructor get their size at once; each growth of
--- one costs a rehash. An odd count of ARGV ends with the stamps' owner.
+-- S strategies; an odd count of ARGV ends with the stamps' owner.
 local S, owner = (#ARGV - 4) / 2, ''
 if S % 1 ~= 0 then S, owner = S - 0.5, ARGV[#ARGV] end
 
@@ -87,6 +86,8 @@ if raw and not raw.err then
 end
 
 local precision = ARGV[4] + 0
+-- Tables built by a constructor get their size at once; each growth of
+-- one costs a rehash.
 local limits, sizes
 if S == 1 then
   limits, sizes = {ARGV[5] + 0}, {ARGV[6] + 0}
