@@ -218,7 +218,7 @@ func TestSlidingDenialStampMalformed(t *testing.T) {
 			return fmt.Sprintf("!%d 1000 1000 1000 0 %s", from, owner)
 		}
 		for i, bad := range []string{
-			"!" + "W" + strings.TrimPrefix(meta, "W4"), // a mark before format 3
+			"!" + "W" + strings.TrimPrefix(meta, "W4"), // "!" before a format-3 meta
 			"!!" + meta, "! " + meta, "!" + meta, "!" + meta + " junk",
 			stamp(now-1000, owner), // run out, and no meta in d
 			fmt.Sprintf("!%d 1000 x 1000 0 %s", now, owner),

@@ -63,7 +63,8 @@ func bucketsPerWindow(algorithm string, window, precision time.Duration) (size, 
 // meta text of this configuration's entries alone, which the script
 // compares with the stored one first (scripts/sliding.lua), then precision,
 // then each strategy's limit and size. tag is "W4" for the sliding window,
-// "L4" for the sliding log: the algorithm and the state format.
+// "L4" for the sliding log: the algorithm and the meta's layout (format 4;
+// the state format, 5, adds the denial stamp).
 func slidingArgs(tag string, precisionUS int64, limits []int, sizes []int64) []any {
 	own := []byte(tag)
 	own = append(own, ' ')

@@ -54,7 +54,7 @@ if raw and not raw.err then
     -- the meta moved to field d. A denial of one permit at from (µs)
     -- that changed nothing writes it; till, retry and reset count from
     -- from, till being when the first of the windows' oldest buckets
-    -- leaves. Every other write of the meta writes it to m, unmarked, so
+    -- leaves. Every other write of the meta puts it back in m, so
     -- while the stamp is there the state is the one it describes: from
     -- then until till no bucket leaves a window and the tail is not in
     -- the clock's future, and a request for one permit is denied with the
