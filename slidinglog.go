@@ -80,6 +80,7 @@ func NewSlidingLog(rdb redis.Scripter, precision time.Duration, strategies []Str
 		sharedArgs: []any{stampOwner(args[0].(string))},
 		limits:     limits,
 		windows:    windows,
+		log:        slidingLog(precisionUS, limits, sizes),
 	}, opts)
 	if err != nil {
 		return nil, err

@@ -51,6 +51,7 @@ func NewSlidingWindow(rdb redis.Scripter, limit int, window, precision time.Dura
 		sharedArgs: []any{stampOwner(args[0].(string))},
 		limits:     []int{limit},
 		windows:    []time.Duration{window},
+		log:        slidingLog(precisionUS, []int{limit}, []int64{size}),
 	}, opts)
 	if err != nil {
 		return nil, err

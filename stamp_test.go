@@ -27,13 +27,24 @@ type stampConfig struct {
 	args []any // ARGV after now and n
 }
 
+// scriptLog is the engine.Log of a sliding script's ARGV after now and n:
+// own, precision, then limit and size per strategy, and maybe an owner.
+func scriptLog(args []any) *engine.Log {
+	l := &engine.Log{Precision: args[1].(int64)}
+	for i := 2; i+1 < len(args); i += 2 {
+		l.Limits = append(l.Limits, int64(args[i].(int)))
+		l.Sizes = append(l.Sizes, args[i+1].(int64))
+	}
+	return l
+}
+
 // stampConfigs draws a sliding window and three sliding logs from rng,
-// small limits so that denials are frequent, and for each but one a second
+// limits up to most (small, so that denials are frequent), and for each but one a second
 // configuration that may share its key through WithPrefix (a deploy that
 // changed the limit); the one alone is on a default key.
-func stampConfigs(rng *rand.Rand) [][2]stampConfig {
+func stampConfigs(rng *rand.Rand, most int) [][2]stampConfig {
 	precision := int64(1+rng.IntN(200)) * 1000
-	limit := 1 + rng.IntN(6)
+	limit := 1 + rng.IntN(most)
 	size := int64(1 + rng.IntN(20))
 	// The ARGV of a limiter with WithPrefix: its stamps name it.
 	shared := func(args []any) []any { return append(args, stampOwner(args[0].(string))) }
@@ -55,70 +66,94 @@ func stampConfigs(rng *rand.Rand) [][2]stampConfig {
 	}
 }
 
-// The stamp changes no reply. Two keys see the same random calls, with the
-// clock going forward and, now and then, back, n mostly 1, now and then a
-// call of another configuration (the general path reads and drops a
-// stamp) and a reset; one key keeps its stamps, the other has them removed
-// after every call. Every reply, as the Go side reads it (stable too,
-// which the deny cache keeps), must be the same on both.
+// pairCall is one call of a pairTraces trace, which both keys of a pair
+// are to see.
+type pairCall struct {
+	keys [2]string
+	cfg  stampConfig // the pair's first configuration, or now and then its second
+	own  bool        // cfg is the pair's first
+	now  int64
+	n    int
+	at   string // where in the traces, for messages
+}
+
+// pairTraces drives each pair of stampConfigs(rng, most), on two seeds of
+// stream, through steps random calls on a pair of keys named after prefix:
+// the clock steps forward (timeStep, at scale buckets), often to the last
+// microsecond of a bucket or the first of the next, and now and then back;
+// n is mostly 1; now and then the pair's second configuration calls (the
+// general path reads its state), and now and then both keys are deleted.
+// call makes the call on both keys and compares them.
+func pairTraces(t *testing.T, b backend, prefix string, stream uint64, most, steps int, scale int64, call func(c pairCall)) {
+	t.Helper()
+	ctx := context.Background()
+	if b.mini == nil {
+		keepTTL(b.rdb, time.Hour)
+	}
+	for seed := uint64(1); seed <= 2; seed++ {
+		rng := rand.New(rand.NewPCG(seed, stream))
+		for c, pair := range stampConfigs(rng, most) {
+			keys := [2]string{fmt.Sprintf("%s:%d:%d:0", prefix, seed, c), fmt.Sprintf("%s:%d:%d:1", prefix, seed, c)}
+			require.NoError(t, b.rdb.Del(ctx, keys[:]...).Err())
+			precision := pair[0].args[1].(int64)
+			now := epoch.UnixMicro() + rng.Int64N(1e9)
+			for step := range steps {
+				switch p := rng.IntN(100); {
+				case p < 2:
+					now -= rng.Int64N(precision*scale + 1)
+				case p < 12:
+					now += precision - now%precision - 1 + rng.Int64N(2)
+				default:
+					now += timeStep(rng, time.Duration(precision*scale)*time.Microsecond).Microseconds()
+				}
+				if rng.IntN(250) == 0 {
+					require.NoError(t, b.rdb.Del(ctx, keys[:]...).Err())
+				}
+				cfg, own := pair[0], true
+				if rng.IntN(25) == 0 {
+					cfg, own = pair[1], pair[1].name == pair[0].name
+				}
+				n := 1
+				if rng.IntN(10) < 3 {
+					n = rng.IntN(4)
+				}
+				call(pairCall{keys: keys, cfg: cfg, own: own, now: now, n: n,
+					at: fmt.Sprintf("%s, seed %d, step %d at %dµs, n=%d", cfg.name, seed, step, now, n)})
+			}
+		}
+	}
+}
+
+// The stamp changes no reply. Two keys see the same random calls
+// (pairTraces); one keeps its stamps, the other has them removed after
+// every call. Every reply, as the Go side reads it (stable too, which the
+// deny cache keeps), must be the same on both.
 func TestSlidingDenialStampChangesNoReply(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		if b.mini == nil {
-			keepTTL(b.rdb, time.Hour)
-		}
 		stamped, hits := 0, 0
-		for seed := uint64(1); seed <= 2; seed++ {
-			rng := rand.New(rand.NewPCG(seed, 16))
-			for c, pair := range stampConfigs(rng) {
-				keys := []string{fmt.Sprintf("stamp:%d:%d:kept", seed, c), fmt.Sprintf("stamp:%d:%d:removed", seed, c)}
-				require.NoError(t, b.rdb.Del(ctx, keys...).Err())
-				now := epoch.UnixMicro() + rng.Int64N(1e9)
-				scale := time.Duration(pair[0].args[1].(int64)) * time.Microsecond * 20
-				for step := range 1200 {
-					if rng.IntN(40) == 0 {
-						now -= rng.Int64N(int64(scale/time.Microsecond) + 1)
-					} else {
-						now += timeStep(rng, scale).Microseconds()
-					}
-					if rng.IntN(200) == 0 {
-						require.NoError(t, b.rdb.Del(ctx, keys...).Err())
-					}
-					cfg := pair[0]
-					if rng.IntN(25) == 0 {
-						cfg = pair[1]
-					}
-					n := 1
-					if rng.IntN(10) < 3 {
-						n = rng.IntN(4)
-					}
-					before := b.rdb.HGet(ctx, keys[0], "m").Val()
-					argv := append([]any{now, n}, cfg.args...)
-					var replies [2]string
-					for i, key := range keys {
-						var err error
-						replies[i], err = slidingWindowScript.Run(ctx, b.rdb, []string{key}, argv...).Text()
-						require.NoError(t, err, "%s step %d, key %s, n=%d now=%d meta %q pttl %v", cfg.name, step, key, n, now, b.rdb.HGet(ctx, key, "m").Val(), b.rdb.PTTL(ctx, key).Val())
-					}
-					var parsed [2]engine.Reply
-					for i, text := range replies {
-						var err error
-						parsed[i], err = engine.ParseReplyText(text)
-						require.NoError(t, err)
-					}
-					require.Equal(t, parsed[1], parsed[0], "%s, seed %d, step %d at %dµs, n=%d: the stamped key's reply %q differs from %q (meta before: %q)",
-						cfg.name, seed, step, now, n, replies[0], replies[1], before)
-					if strings.HasPrefix(replies[0], "~") {
-						require.True(t, strings.HasPrefix(before, "!") && cfg.name == pair[0].name && n == 1, "a stamped reply to another call: %q", before)
-						hits++
-					}
-					if unstamp(t, b.rdb, keys[1]) {
-						stamped++
-					}
-				}
+		pairTraces(t, b, "stamp", 16, 6, 1200, 20, func(c pairCall) {
+			before := b.rdb.HGet(ctx, c.keys[0], "m").Val()
+			argv := append([]any{c.now, c.n}, c.cfg.args...)
+			var replies [2]string
+			var parsed [2]engine.Reply
+			for i, key := range c.keys {
+				var err error
+				replies[i], err = slidingWindowScript.Run(ctx, b.rdb, []string{key}, argv...).Text()
+				require.NoError(t, err, "%s, key %s, meta %q", c.at, key, b.rdb.HGet(ctx, key, "m").Val())
+				parsed[i], err = engine.ParseReplyText(replies[i], scriptLog(c.cfg.args))
+				require.NoError(t, err)
 			}
-		}
+			require.Equal(t, parsed[1], parsed[0], "%s: the stamped key's reply %q differs from %q (meta before: %q)", c.at, replies[0], replies[1], before)
+			if strings.HasPrefix(replies[0], "~") {
+				require.True(t, strings.HasPrefix(before, "!") && c.own && c.n == 1, "a stamped reply to another call: %q", before)
+				hits++
+			}
+			if unstamp(t, b.rdb, c.keys[1]) {
+				stamped++
+			}
+		})
 		t.Logf("%s: %d stamps written, %d denials read one", b.name, stamped, hits)
 		require.Greater(t, stamped, 200, "the traces stamp often")
 		require.Greater(t, hits, 500, "and read stamps often")

@@ -2,6 +2,7 @@ package redlimit
 
 import (
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"time"
 
@@ -82,6 +83,16 @@ func slidingArgs(tag string, precisionUS int64, limits []int, sizes []int64) []a
 	}
 	args[0] = string(own)
 	return args
+}
+
+// slidingLog describes the same strategies to the engine, which computes a
+// grant's Result from them (engine.ParseReplyText).
+func slidingLog(precisionUS int64, limits []int, sizes []int64) *engine.Log {
+	l := &engine.Log{Precision: precisionUS, Sizes: slices.Clone(sizes)}
+	for _, limit := range limits {
+		l.Limits = append(l.Limits, int64(limit))
+	}
+	return l
 }
 
 // stampOwner names a sliding configuration in the denial stamps it writes

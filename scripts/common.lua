@@ -9,7 +9,10 @@
 -- to read the Redis server's TIME; ARGV[2] = n, the permits asked for.
 -- All times and durations are integer microseconds held in Lua numbers
 -- (doubles): exact below 2^53, and the Go side keeps every value under it.
--- Every script replies with one string of six integers, see reply().
+-- Every script replies with one string of six integers, see reply(); but
+-- for sliding.lua's two shortcuts, a stamped denial and a grant in the
+-- tail's bucket, whose replies the Go side completes
+-- (internal/engine/reply.go).
 --
 -- A C function (math.*, tonumber, string.*) costs several times a Lua
 -- operator. Hence `%` rather than math.floor, comparisons rather than

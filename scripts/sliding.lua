@@ -23,11 +23,14 @@
 -- the caller's own entries on its grid, each last granted in the tail (the
 -- meta then starts with own), the tail is not in the clock's future and
 -- the windows have not all emptied. It is buckets.lua's path for that
--- state, step for step: the same reads and reply, and the same writes but
--- for the denial stamp (below), which buckets.lua never writes. A denial
--- of one permit that a stamp answers costs one HGET and two numbers; the
--- first denial of a state pays for the stamp's write (see BENCHMARKS.md
--- for both). Every other state falls
+-- state, step for step: the same reads, Results and writes but for the
+-- denial stamp (below), which buckets.lua never writes. Two calls take a
+-- shortcut, each replying in a form of its own that the Go side completes
+-- (internal/engine/reply.go): a denial of one permit that a stamp answers
+-- costs one HGET and two numbers, the first denial of a state paying for
+-- the stamp's write; a grant in the tail's bucket with one or two
+-- strategies costs one HGET, one HSET, and the numbers that change (see
+-- BENCHMARKS.md). Every other state falls
 -- through, before a bucket is read, to common.lua and buckets.lua, whose
 -- helpers are only created when they run: every function a script defines
 -- costs Redis a closure on every call that reaches its definition. So this
@@ -81,6 +84,53 @@ if raw and not raw.err then
     if from then
       raw, in_d = redis.call('HGET', KEYS[1], 'd'), true
       if raw and string.find(raw, own, 1, true) == 1 then at = #own + 1 end
+    end
+  end
+end
+
+-- A grant in the tail's bucket, the common call of a busy key, for one or
+-- two strategies: the meta holds only the caller's entries (at), each
+-- window's cursor inside it (cursor i is tail - c_i, inside while c_i <
+-- size_i; -1, no cursor, does not match %d+) and no head apart from the
+-- last cursor. In the tail's bucket nothing leaves a window or the log, so
+-- the grant adds n to the tail's count and to every total, and changes
+-- nothing else: the meta is rewritten from its own text with those numbers
+-- alone formatted, and the reply is "=", now and that rest of the meta;
+-- the Go side computes Remaining, the strategy reported and ResetAfter from
+-- its configuration (internal/engine/reply.go), so no reply is formatted
+-- here. It is the step the path below takes for such a state, and writes
+-- the same meta; a state outside it (a tail or cursor out of place, a
+-- count above a total, a denial) goes on below. c_i < size_i compares the
+-- decimal strings: a shorter one is smaller (size_i has no leading zero),
+-- and among equal lengths the order is the strings' own.
+if at and n > 0 and S <= 2 then
+  local tail, count, c1, t1, c2, t2
+  if S == 1 then
+    tail, count, c1, t1 = string.match(raw, '^ ([1-9]%d*) (%d+) (%d+) (%d+)$', at)
+  else
+    tail, count, c1, t1, c2, t2 = string.match(raw, '^ ([1-9]%d*) (%d+) (%d+) (%d+) (%d+) (%d+)$', at)
+  end
+  local P, size1 = ARGV[4] + 0, ARGV[6]
+  if tail and tail * P <= now and now < tail * P + P and (#c1 < #size1 or (#c1 == #size1 and c1 < size1)) and (#c1 == 1 or string.byte(c1) ~= 48) then
+    count, t1 = count + n, t1 + n
+    local rest
+    if count <= t1 and t1 <= ARGV[5] + 0 then
+      if S == 1 then
+        rest = string.format(' %s %d %s %d', tail, count, c1, t1)
+      else
+        local size2 = ARGV[8]
+        t2 = t2 + n
+        if (#c2 < #size2 or (#c2 == #size2 and c2 < size2)) and (#c2 == 1 or string.byte(c2) ~= 48) and count <= t2 and t2 <= ARGV[7] + 0 then
+          rest = string.format(' %s %d %s %d %s %d', tail, count, c1, t1, c2, t2)
+        end
+      end
+    end
+    if rest then
+      redis.call('HSET', KEYS[1], 'm', own .. rest)
+      if not t then return '=' .. ARGV[1] .. rest end
+      local us = t[2]
+      if #us < 6 then us = string.sub('00000' .. us, -6) end
+      return '=' .. t[1] .. us .. rest
     end
   end
 end
