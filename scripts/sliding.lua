@@ -28,8 +28,8 @@
 -- shortcut, each replying in a form of its own that the Go side completes
 -- (internal/engine/reply.go): a denial of one permit that a stamp answers
 -- costs one HGET and two numbers, the first denial of a state paying for
--- the stamp's write; a grant in the tail's bucket with one or two
--- strategies costs one HGET, one HSET, and the numbers that change (see
+-- the stamp's write; a grant in the tail's bucket costs one HGET, one
+-- HSET, and the numbers that change (see
 -- BENCHMARKS.md). Every other state falls
 -- through, before a bucket is read, to common.lua and buckets.lua, whose
 -- helpers are only created when they run: every function a script defines
@@ -88,54 +88,79 @@ if raw and not raw.err then
   end
 end
 
--- A grant in the tail's bucket, the common call of a busy key, for one or
--- two strategies: the meta holds only the caller's entries (at), each
--- window's cursor inside it (cursor i is tail - c_i, inside while c_i <
--- size_i; -1, no cursor, does not match %d+) and no head apart from the
--- last cursor. In the tail's bucket nothing leaves a window or the log, so
--- the grant adds n to the tail's count and to every total, and changes
--- nothing else: the meta is rewritten from its own text with those numbers
--- alone formatted, and the reply is "=", now and that rest of the meta;
--- the Go side computes Remaining, the strategy reported and ResetAfter from
--- its configuration (internal/engine/reply.go), so no reply is formatted
--- here. It is the step the path below takes for such a state, and writes
--- the same meta; a state outside it (a tail or cursor out of place, a
--- count above a total, a denial) goes on below. c_i < size_i compares the
--- decimal strings: a shorter one is smaller (size_i has no leading zero),
--- and among equal lengths the order is the strings' own.
-if at and n > 0 and S <= 2 then
-  local tail, count, c1, t1, c2, t2
-  if S == 1 then
-    tail, count, c1, t1 = string.match(raw, '^ ([1-9]%d*) (%d+) (%d+) (%d+)$', at)
-  else
-    tail, count, c1, t1, c2, t2 = string.match(raw, '^ ([1-9]%d*) (%d+) (%d+) (%d+) (%d+) (%d+)$', at)
-  end
-  local P, size1 = ARGV[4] + 0, ARGV[6]
-  if tail and tail * P <= now and now < tail * P + P and (#c1 < #size1 or (#c1 == #size1 and c1 < size1)) and (#c1 == 1 or string.byte(c1) ~= 48) then
-    count, t1 = count + n, t1 + n
-    local rest
-    if count <= t1 and t1 <= ARGV[5] + 0 then
-      if S == 1 then
-        rest = string.format(' %s %d %s %d', tail, count, c1, t1)
-      else
-        local size2 = ARGV[8]
-        t2 = t2 + n
-        if (#c2 < #size2 or (#c2 == #size2 and c2 < size2)) and (#c2 == 1 or string.byte(c2) ~= 48) and count <= t2 and t2 <= ARGV[7] + 0 then
-          rest = string.format(' %s %d %s %d %s %d', tail, count, c1, t1, c2, t2)
+local precision = ARGV[4] + 0
+-- caught: the match of a state the grant leaves to the path below, which
+-- then need not match it again.
+local caught
+
+-- A grant in the tail's bucket, the common call of a busy key: the meta
+-- holds only the caller's entries (at), each window's cursor inside it
+-- (cursor i is tail - c_i, inside while c_i < size_i; -1, no cursor, does
+-- not match %d+) and no head apart from the last cursor. In the tail's
+-- bucket nothing leaves a window or the log, so the grant adds n to the
+-- tail's count and to every total, and changes nothing else: the meta is
+-- rewritten from its own text with those numbers alone formatted, and the
+-- reply is "=", now and that rest of the meta; the Go side computes
+-- Remaining, the strategy reported and ResetAfter from its configuration
+-- (internal/engine/reply.go), so no reply is formatted here. It is the
+-- step the path below takes for such a state, and writes the same meta; a
+-- state outside it (a tail or cursor out of place, a count above a total,
+-- a denial) goes on below. c_i < size_i compares the decimal strings: a
+-- shorter one is smaller (size_i has no leading zero, and neither may c_i,
+-- which is written back as it is), and among equal lengths the order is
+-- the strings' own. One or two strategies, the common cases, are matched
+-- into locals; more into a table.
+if at and n > 0 then
+  local P, rest = precision, nil
+  if S <= 2 then
+    local tail, count, c1, t1, c2, t2
+    if S == 1 then
+      tail, count, c1, t1 = string.match(raw, '^ ([1-9]%d*) (%d+) (%d+) (%d+)$', at)
+    else
+      tail, count, c1, t1, c2, t2 = string.match(raw, '^ ([1-9]%d*) (%d+) (%d+) (%d+) (%d+) (%d+)$', at)
+    end
+    local size1 = ARGV[6]
+    if tail and tail * P <= now and now < tail * P + P and (#c1 < #size1 or (#c1 == #size1 and c1 < size1)) and (#c1 == 1 or string.byte(c1) ~= 48) then
+      local granted, total1 = count + n, t1 + n
+      if granted <= total1 and total1 <= ARGV[5] + 0 then
+        if S == 1 then
+          rest = string.format(' %s %d %s %d', tail, granted, c1, total1)
+        else
+          local size2, total2 = ARGV[8], t2 + n
+          if (#c2 < #size2 or (#c2 == #size2 and c2 < size2)) and (#c2 == 1 or string.byte(c2) ~= 48) and granted <= total2 and total2 <= ARGV[7] + 0 then
+            rest = string.format(' %s %d %s %d %s %d', tail, granted, c1, total1, c2, total2)
+          end
         end
       end
     end
-    if rest then
-      redis.call('HSET', KEYS[1], 'm', own .. rest)
-      if not t then return '=' .. ARGV[1] .. rest end
-      local us = t[2]
-      if #us < 6 then us = string.sub('00000' .. us, -6) end
-      return '=' .. t[1] .. us .. rest
+    if tail and not rest then caught = {tail, count, c1, t1, c2, t2} end
+  else
+    -- f: tail count (c_i t_i)*S.
+    local f = {string.match(raw, '^ ([1-9]%d*) (%d+)' .. string.rep(' (%d+) (%d+)', S) .. '$', at)}
+    local tail = f[1]
+    if tail and tail * P <= now and now < tail * P + P then
+      local count = f[2] + n
+      f[2] = count
+      for i = 1, S do
+        local c, size, total = f[1 + 2 * i], ARGV[4 + 2 * i], f[2 + 2 * i] + n
+        if not ((#c < #size or (#c == #size and c < size)) and (#c == 1 or string.byte(c) ~= 48) and count <= total and total <= ARGV[3 + 2 * i] + 0) then
+          tail = nil
+          break
+        end
+        f[2 + 2 * i] = total
+      end
+      if tail then rest = string.format(' %s %d' .. string.rep(' %s %d', S), unpack(f)) end
     end
+  end
+  if rest then
+    redis.call('HSET', KEYS[1], 'm', own .. rest)
+    if not t then return '=' .. ARGV[1] .. rest end
+    local us = t[2]
+    if #us < 6 then us = string.sub('00000' .. us, -6) end
+    return '=' .. t[1] .. us .. rest
   end
 end
 
-local precision = ARGV[4] + 0
 -- Tables built by a constructor get their size at once; each growth of
 -- one costs a rehash.
 local limits, sizes
@@ -150,8 +175,8 @@ end
 
 -- The rest: tail tail_count (cursor total)*S [head all], as meta_string
 -- writes them.
-local m
-if at then
+local m = caught
+if at and not m then
   -- Constant patterns for one and two strategies: building one costs.
   if S == 1 then
     m = {string.match(raw, '^ ([1-9]%d*) (%d+) (%-?%d+) (%d+)$', at)}
