@@ -91,7 +91,7 @@ func TestSlidingTailGrantEdges(t *testing.T) {
 	sw := slidingArgs("W4", 1000, []int{5}, []int64{10})
 	sl := slidingArgs("L4", 1000, []int{5, 8}, []int64{10, 30})
 	sl3 := slidingArgs("L4", 1000, []int{5, 8, 12}, []int64{10, 30, 90})
-	const T = 1_800_000_000_000 // bucket index: epoch in 1ms buckets
+	const T int64 = 1_800_000_000_000 // bucket index: epoch in 1ms buckets
 	// state is a meta's numbers after own (tail count (cursor total)*S
 	// [head all]), and the bucket fields: index -> "count next".
 	type state struct {
