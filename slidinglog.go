@@ -70,18 +70,13 @@ func NewSlidingLog(rdb redis.Scripter, precision time.Duration, strategies []Str
 		sizes[i] = size
 		limits[i], windows[i] = s.Limit, s.Window
 	}
-	args := slidingArgs("L4", precisionUS, limits, sizes)
 	l, err := newLimiter(rdb, spec{
-		algorithm:  algorithm,
-		code:       "sl",
-		format:     5,
-		script:     slidingLogScript,
-		args:       args,
-		sharedArgs: []any{stampOwner(args[0].(string))},
-		limits:     limits,
-		windows:    windows,
-		log:        slidingLog(precisionUS, limits, sizes),
-	}, opts)
+		algorithm: algorithm,
+		code:      "sl",
+		script:    slidingLogScript,
+		limits:    limits,
+		windows:   windows,
+	}.sliding("L4", precisionUS, sizes), opts)
 	if err != nil {
 		return nil, err
 	}

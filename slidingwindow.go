@@ -41,18 +41,13 @@ func NewSlidingWindow(rdb redis.Scripter, limit int, window, precision time.Dura
 	if err != nil {
 		return nil, err
 	}
-	args := slidingArgs("W4", precisionUS, []int{limit}, []int64{size})
 	l, err := newLimiter(rdb, spec{
-		algorithm:  algorithm,
-		code:       "sw",
-		format:     5,
-		script:     slidingWindowScript,
-		args:       args,
-		sharedArgs: []any{stampOwner(args[0].(string))},
-		limits:     []int{limit},
-		windows:    []time.Duration{window},
-		log:        slidingLog(precisionUS, []int{limit}, []int64{size}),
-	}, opts)
+		algorithm: algorithm,
+		code:      "sw",
+		script:    slidingWindowScript,
+		limits:    []int{limit},
+		windows:   []time.Duration{window},
+	}.sliding("W4", precisionUS, []int64{size}), opts)
 	if err != nil {
 		return nil, err
 	}

@@ -85,14 +85,20 @@ func slidingArgs(tag string, precisionUS int64, limits []int, sizes []int64) []a
 	return args
 }
 
-// slidingLog describes the same strategies to the engine, which computes a
+// sliding completes the spec of a sliding window or log whose strategies
+// are s.limits, with window sizes (in buckets of precisionUS) sizes: the
+// state format, the scripts' ARGV (slidingArgs, and the stamps' owner under
+// WithPrefix), and the same strategies for the engine, which computes a
 // grant's Result from them (engine.ParseReplyText).
-func slidingLog(precisionUS int64, limits []int, sizes []int64) *engine.Log {
-	l := &engine.Log{Precision: precisionUS, Sizes: slices.Clone(sizes)}
-	for _, limit := range limits {
-		l.Limits = append(l.Limits, int64(limit))
+func (s spec) sliding(tag string, precisionUS int64, sizes []int64) spec {
+	s.format = 5
+	s.args = slidingArgs(tag, precisionUS, s.limits, sizes)
+	s.sharedArgs = []any{stampOwner(s.args[0].(string))}
+	s.log = &engine.Log{Precision: precisionUS, Sizes: slices.Clone(sizes)}
+	for _, limit := range s.limits {
+		s.log.Limits = append(s.log.Limits, int64(limit))
 	}
-	return l
+	return s
 }
 
 // stampOwner names a sliding configuration in the denial stamps it writes
