@@ -817,13 +817,7 @@ func relStartCluster(t *testing.T) []*redistest.Server {
 	var nodes []*redistest.Server
 	var addrs []string
 	for range 3 {
-		// The bus port must be free; the default, port+10000, may not even exist.
-		bus, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		busPort := bus.Addr().(*net.TCPAddr).Port
-		require.NoError(t, bus.Close())
-		n := redistest.Start(t, "--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(busPort),
-			"--cluster-node-timeout", "500", "--cluster-require-full-coverage", "no")
+		n := redistest.StartClusterNode(t, "--cluster-node-timeout", "500", "--cluster-require-full-coverage", "no")
 		nodes = append(nodes, n)
 		addrs = append(addrs, n.Addr())
 	}

@@ -70,7 +70,7 @@ func (p *process) exited() bool {
 }
 
 // Start starts a dedicated redis-server for one test (extra args appended to
-// the command line, e.g. "--maxmemory", "1mb"); it is stopped by tb.Cleanup.
+// the command line, e.g. "--maxmemory", "64mb"); it is stopped by tb.Cleanup.
 // It skips or fails the test as Require does when redis-server is missing.
 func Start(tb testing.TB, extraArgs ...string) *Server {
 	tb.Helper()
@@ -78,6 +78,27 @@ func Start(tb testing.TB, extraArgs ...string) *Server {
 	s, err := startServer(extraArgs, false)
 	if err != nil {
 		tb.Fatalf("redistest: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := s.close(); err != nil {
+			tb.Errorf("redistest: %v", err)
+		}
+	})
+	return s
+}
+
+// StartClusterNode starts a dedicated redis-server with cluster mode on (extra
+// args appended, e.g. "--cluster-node-timeout", "500"), for a test that builds
+// and breaks a cluster of its own; it is stopped by tb.Cleanup. Its cluster
+// bus port is port+10000, reserved like the shared cluster's: Redis 6.x has
+// no --cluster-port setting to choose another. It skips or fails the test as
+// Require does when redis-server is missing.
+func StartClusterNode(tb testing.TB, extraArgs ...string) *Server {
+	tb.Helper()
+	Require(tb)
+	s, err := startServer(append([]string{"--cluster-enabled", "yes"}, extraArgs...), true)
+	if err != nil {
+		tb.Fatalf("redistest: cluster node: %v", err)
 	}
 	tb.Cleanup(func() {
 		if err := s.close(); err != nil {
