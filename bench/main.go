@@ -131,6 +131,7 @@ func run(f flags) error {
 		return err
 	}
 	rep := report{Machine: machine(ctx, admin), Command: commandLine(), Config: f.describe()}
+	logf("measuring %s at %s", rep.Machine.Server, addr)
 
 	rows, err := env.buildRows()
 	if err != nil {

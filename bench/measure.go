@@ -45,11 +45,16 @@ type serverStats struct {
 
 func readStats(ctx context.Context, admin *redis.Client) (serverStats, error) {
 	var s serverStats
-	raw, err := admin.Info(ctx, "commandstats", "memory").Result()
-	if err != nil {
-		return s, fmt.Errorf("INFO: %w", err)
+	// One section per INFO: Redis 6.x refuses several in one call.
+	var raw strings.Builder
+	for _, section := range []string{"commandstats", "memory"} {
+		text, err := admin.Info(ctx, section).Result()
+		if err != nil {
+			return s, fmt.Errorf("INFO %s: %w", section, err)
+		}
+		raw.WriteString(text)
 	}
-	sc := bufio.NewScanner(strings.NewReader(raw))
+	sc := bufio.NewScanner(strings.NewReader(raw.String()))
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
 		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {

@@ -107,7 +107,7 @@ type machineInfo struct {
 	CPUModel   string `json:"cpu_model"`
 	OS         string `json:"os"`
 	Go         string `json:"go"`
-	Redis      string `json:"redis"`
+	Server     string `json:"server"` // the server measured and its version: "Redis 7.0.15", "Valkey 8.0.1"
 }
 
 func machine(ctx context.Context, admin *redis.Client) machineInfo {
@@ -121,13 +121,25 @@ func machine(ctx context.Context, admin *redis.Client) machineInfo {
 		}
 	}
 	if info, err := admin.Info(ctx, "server").Result(); err == nil {
-		for _, line := range strings.Split(info, "\n") {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
-				m.Redis = v
-			}
-		}
+		m.Server = serverName(info)
 	}
 	return m
+}
+
+// serverName names the server that answered INFO server, with its version.
+// Valkey reports the Redis version it is compatible with as redis_version
+// (7.2.4 for Valkey 8) and its own as valkey_version.
+func serverName(info string) string {
+	fields := map[string]string{}
+	for _, line := range strings.Split(info, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			fields[k] = v
+		}
+	}
+	if v, ok := fields["valkey_version"]; ok {
+		return "Valkey " + v
+	}
+	return "Redis " + fields["redis_version"]
 }
 
 // rowResult is one row of the main table: medians over rounds for the
@@ -298,7 +310,7 @@ func (rep report) markdown() string {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	m := rep.Machine
-	p("Machine: %d CPUs (%s), GOMAXPROCS %d, %s, %s, Redis %s. Command: `%s` (%s).\n\n", m.CPUs, m.CPUModel, m.GOMAXPROCS, m.OS, m.Go, m.Redis, rep.Command, rep.Config)
+	p("Machine: %d CPUs (%s), GOMAXPROCS %d, %s, %s, %s. Command: `%s` (%s).\n\n", m.CPUs, m.CPUModel, m.GOMAXPROCS, m.OS, m.Go, m.Server, rep.Command, rep.Config)
 	p("| workload | row | p50 µs | p99 µs | decisions/s (64 g) | × return 1 | allowed | cmds/dec | round trips/dec | script µs/dec | × return 1 script | allocs/op | B/op | errors |\n")
 	p("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range rep.Rows {
