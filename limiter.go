@@ -443,6 +443,11 @@ type script struct {
 
 // loadScript joins the named files of scripts/ into one script: shared
 // helpers first, the algorithm's body last.
+//
+// The script stays a plain EVAL script: no "#!lua" shebang, no flags. Redis
+// 6.x cannot compile a shebang line, and on 7+ a shebang script without
+// flags is refused outright when the server is out of memory, where a plain
+// script still runs its reads, so denials are still decided (property 10).
 func loadScript(names ...string) script {
 	var src []byte
 	for _, name := range names {
