@@ -1018,8 +1018,13 @@ func TestReliabilityNetworkLatency(t *testing.T) {
 	relRequireBounded(t, calls)
 
 	socketTimeouts := 0
+	// A loaded machine makes some calls miss their deadline with no fault at
+	// all: the normal phase counts them. Where calls must succeed, a phase
+	// may miss as many as the normal phase did, plus 10% of its calls; a
+	// fault that broke decisions fails far more.
+	var normalMissed float64
 	for _, p := range phases {
-		var n, failed int
+		var n, failed, missed int
 		var slowest time.Duration
 		for _, c := range calls {
 			if c.start.Before(p.start.Add(settle)) || c.end.After(p.end) {
@@ -1042,13 +1047,26 @@ func TestReliabilityNetworkLatency(t *testing.T) {
 					socketTimeouts++
 				}
 			case p.name == "healed" && c.start.After(p.start.Add(relRecovery)):
-				require.NoError(t, c.err, "%s: %v after healing", p.name, c.start.Sub(p.start))
+				if c.err != nil {
+					require.ErrorIs(t, c.err, context.DeadlineExceeded, "%s: %v after healing", p.name, c.start.Sub(p.start))
+					missed++
+				}
 			case p.delay > 0:
-				require.NoError(t, c.err, "%s: a delay under the deadline only slows decisions", p.name)
+				if c.err != nil {
+					require.ErrorIs(t, c.err, context.DeadlineExceeded, "%s: a delay under the deadline only slows decisions", p.name)
+					missed++
+					continue
+				}
 				require.GreaterOrEqual(t, c.latency(), p.delay, "%s: the delay must have applied", p.name)
 			}
 		}
 		require.Positive(t, n, "%s: no calls", p.name)
+		if p.name == "normal" {
+			normalMissed = float64(failed) / float64(n)
+		}
+		require.LessOrEqual(t, float64(missed)/float64(n), normalMissed+0.1,
+			"%s: %d of %d calls missed their deadline (normal phase: %.1f%%): a delay under the deadline only slows decisions, and healed calls succeed",
+			p.name, missed, n, 100*normalMissed)
 		t.Logf("%-18s %5d calls, %5d failed, slowest %v", p.name, n, failed, slowest)
 	}
 	t.Logf("errors (%d match os.ErrDeadlineExceeded, the rest context.DeadlineExceeded):\n%s", socketTimeouts, relErrorKinds(calls))
