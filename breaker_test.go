@@ -237,6 +237,7 @@ func TestBreakerStaysClosed(t *testing.T) {
 // in full) with the README's client (one dial: refused at once), with the
 // breaker off to see the client alone.
 func TestRecommendedClientFailsFast(t *testing.T) {
+	skipShort(t, "fault test: kills a redis-server and times calls against it")
 	srv := redistest.Start(t)
 	plain := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { plain.Close() })
