@@ -80,6 +80,7 @@ func callWithin(l Limiter, key string, deadline time.Duration) (time.Duration, e
 // wrapping the refused dial, lets one probe through after the cooldown, and
 // closes when Redis is back.
 func TestBreakerOnKilledRedis(t *testing.T) {
+	skipShort(t, "fault test: kills and restarts a redis-server")
 	srv := redistest.Start(t)
 	for _, alg := range algorithms {
 		t.Run(alg.name, func(t *testing.T) {
@@ -136,6 +137,7 @@ func TestBreakerOnKilledRedis(t *testing.T) {
 // failures, the breaker opens, and calls then fail at once with an error
 // that still matches context.DeadlineExceeded.
 func TestBreakerOnStoppedRedis(t *testing.T) {
+	skipShort(t, "fault test: stops a redis-server and drops replies for seconds")
 	const stoppedReadTimeout = 2 * time.Second
 	srv := redistest.Start(t)
 	proxy, err := faultproxy.Start(srv.Addr())
@@ -247,6 +249,7 @@ func TestBreakerStaysClosed(t *testing.T) {
 // in full) with the README's client (one dial: refused at once), with the
 // breaker off to see the client alone.
 func TestRecommendedClientFailsFast(t *testing.T) {
+	skipShort(t, "fault test: kills a redis-server and times calls against it")
 	srv := redistest.Start(t)
 	plain := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { plain.Close() })

@@ -73,6 +73,7 @@ func (p *keyPlacement) master(t *testing.T, redisKey string) string {
 // calls in order), and every key grants exactly its first limit calls. Each
 // key's state lives, with a TTL, on the master that serves its slot.
 func TestClusterExactLimitPerKey(t *testing.T) {
+	skipShort(t, "cluster test: starts a 3-master Redis Cluster")
 	t.Parallel()
 	clusterScripts.RLock()
 	defer clusterScripts.RUnlock()
@@ -136,6 +137,7 @@ func TestClusterExactLimitPerKey(t *testing.T) {
 // caches. (Were it not parallel, the cluster would start, for seconds,
 // while nothing else runs.)
 func TestClusterScriptFlush(t *testing.T) {
+	skipShort(t, "cluster test: starts a 3-master Redis Cluster")
 	t.Parallel()
 	clusterScripts.Lock()
 	defer clusterScripts.Unlock()

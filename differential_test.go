@@ -109,10 +109,7 @@ func timeStep(rng *rand.Rand, scale time.Duration) time.Duration {
 // the microsecond.
 func TestDifferential(t *testing.T) {
 	t.Parallel()
-	const (
-		configs = 4
-		steps   = 1500
-	)
+	configs, steps := shortOr(1, 4), shortOr(300, 1500)
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		if b.mini == nil {
@@ -182,7 +179,7 @@ func TestLeakyAndTokenBucketAgree(t *testing.T) {
 			require.NoError(t, err)
 			key := fmt.Sprintf("agree%d", c)
 			scale := rate.Per * time.Duration(capacity) / time.Duration(rate.Count)
-			for i := range 500 {
+			for i := range shortOr(100, 500) {
 				clock.Advance(timeStep(rng, scale))
 				n := rng.IntN(capacity + 2)
 				lr, err := leaky.AllowN(ctx, key, n)

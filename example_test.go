@@ -114,8 +114,13 @@ func ExampleViolationStrategyError() {
 func ExampleWait() {
 	rdb, done := newRedis()
 	defer done()
-	// miniredis serves real time, as Redis does: Wait sleeps until allowed.
-	limiter, err := redlimit.NewLeakyBucket(rdb, 1, redlimit.PerSecond(50))
+	// Wait sleeps in real time. A clock that runs from a fixed start keeps
+	// the example's buckets where they are on every run; a service leaves
+	// WithClock out.
+	start := time.Now()
+	clock := func() time.Time { return exampleNow.Add(time.Since(start)) }
+	// One job at a time, 50 a second.
+	limiter, err := redlimit.NewLeakyBucket(rdb, 1, redlimit.PerSecond(50), redlimit.WithClock(clock))
 	if err != nil {
 		panic(err)
 	}
@@ -125,10 +130,17 @@ func ExampleWait() {
 		if err := redlimit.Wait(ctx, limiter, "jobs"); err != nil {
 			panic(err)
 		}
-		fmt.Println("job", i) // the 2nd and 3rd start 20ms apart
+		fmt.Println("job", i)
 	}
+	fmt.Println("the 2nd and 3rd waited 20ms each:", time.Since(start) >= 40*time.Millisecond)
+
+	// Two permits never fit a bucket of one: WaitN returns at once.
+	err = redlimit.WaitN(ctx, limiter, "jobs", 2)
+	fmt.Println("2 at once:", errors.Is(err, redlimit.ErrAcquireFailed))
 	// Output:
 	// job 1
 	// job 2
 	// job 3
+	// the 2nd and 3rd waited 20ms each: true
+	// 2 at once: true
 }

@@ -248,6 +248,7 @@ func manyBuckets(t *testing.T, l Limiter, clock *fakeClock, key string, buckets 
 // middleware, no limit at all. Now every call decides, and once the calls
 // have walked the dead buckets the key is exact again.
 func TestSlidingManyBucketsLeaveAtOnce(t *testing.T) {
+	skipShort(t, "builds keys of thousands of buckets")
 	t.Parallel()
 	for _, a := range []struct {
 		name string
@@ -326,6 +327,7 @@ func cmdCalls(t *testing.T, rdb *redis.Client) map[string]int64 {
 // RetryAfter it reports is never shorter than the truth. On a server of its
 // own: INFO commandstats counts every client's commands.
 func TestSlidingDeniedLargeNIsBounded(t *testing.T) {
+	skipShort(t, "starts a redis-server and builds a key of 20,000 buckets")
 	t.Parallel()
 	const buckets = 20_000
 	rdb := newClient(t, redistest.Start(t).Addr(), 0)

@@ -80,7 +80,7 @@ func TestDefaultKeysIsolateConfigs(t *testing.T) {
 					require.NotEqual(t, strict.(interface{ RedisKey(string) string }).RedisKey(key),
 						loose.(interface{ RedisKey(string) string }).RedisKey(key), "two configurations, two keys")
 					granted := 0
-					for range 300 { // one fake minute, a request every 200ms
+					for range shortOr(100, 300) { // a request every 200ms: one fake minute (20s under -short)
 						if withLoose {
 							_, err := loose.Allow(ctx, key)
 							require.NoError(t, err)

@@ -1,21 +1,3 @@
-// Package redlimit provides rate limiters that share their state through
-// Redis, so that every instance of a service enforces one limit together.
-//
-// Five algorithms are offered: FixedWindow, SlidingWindow, SlidingLog (several
-// limits at once), LeakyBucket and TokenBucket. Each decision is one Lua script
-// run atomically by Redis in a single round trip (EVALSHA, falling back to EVAL
-// when the server has not seen the script), so any number of goroutines and
-// processes on one key never get more permits than the algorithm grants a
-// single caller.
-//
-// Call TryAcquire before doing work; it returns nil when allowed and an error
-// matching ErrAcquireFailed when denied. Any other error means no decision was
-// made (Redis unreachable, ctx done, bad key): the caller chooses to fail open
-// or closed. AllowN gives the full Result: how many permits remain and how long
-// to wait.
-//
-// Time is the Redis server's clock (TIME, read inside the script) unless
-// WithClock supplies one. All arithmetic is in integer microseconds.
 package redlimit
 
 import (

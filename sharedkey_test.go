@@ -506,6 +506,7 @@ func sharedKeySeed(t *testing.T) uint64 {
 //
 // Subtests are named by algorithm: -run 'TestSharedKeyNeverExceedsLooser/token_bucket'.
 func TestSharedKeyNeverExceedsLooser(t *testing.T) {
+	skipShort(t, "random configuration pairs, thousands of calls a backend")
 	t.Parallel()
 	seed := sharedKeySeed(t)
 	t.Logf("seed %d (%s=%d repeats this run)", seed, sharedKeySeedEnv, seed)

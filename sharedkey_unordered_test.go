@@ -146,6 +146,7 @@ func pairViolation(grants []pairGrant, periods []time.Duration, bound func(time.
 // next to one of 3 granted 8,642 (34 alone), and a sliding window of 2 per
 // 12s next to 4 per 16s granted 5 in 16s (4 alone).
 func TestSharedKeyUnorderedPairs(t *testing.T) {
+	skipShort(t, "random configuration pairs, thousands of calls a backend")
 	t.Parallel()
 	const (
 		pairs = 8
@@ -238,6 +239,7 @@ func TestSharedKeyUnorderedPairs(t *testing.T) {
 // property 8). Before, each checked only its own, and 2 per 12s next to
 // 4 per 16s granted 5 in 12s where either alone grants at most 4.
 func TestSharedKeySlidingAnyPair(t *testing.T) {
+	skipShort(t, "random configuration pairs against the greedy bound")
 	t.Parallel()
 	seed := sharedKeySeed(t)
 	t.Logf("seed %d (%s=%d repeats this run)", seed, sharedKeySeedEnv, seed)

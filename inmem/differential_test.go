@@ -115,10 +115,10 @@ func timeStep(rng *rand.Rand, scale time.Duration) time.Duration {
 // step, to the microsecond. The seeds and steps are the root package's,
 // and more configurations, since a step costs nanoseconds here.
 func TestDifferential(t *testing.T) {
-	const (
-		configs = 40
-		steps   = 3000
-	)
+	configs, steps := 40, 3000
+	if testing.Short() { // the root package's configurations only
+		configs = 4
+	}
 	ctx := context.Background()
 	for c := range configs {
 		seed := uint64(1000 + c)

@@ -1,17 +1,3 @@
-// Package redlimittest helps you test code that uses redlimit without a Redis
-// server: an Env is an in-process miniredis, a go-redis client of it, and a
-// fake clock that limiters read through redlimit.WithClock. Advancing the
-// clock is instant, so a test of a handler's 429 path, or of what happens
-// once the limit recovers, runs in microseconds and never sleeps.
-//
-//	env := redlimittest.New(t)
-//	limiter, err := redlimit.NewFixedWindow(env.Client(), 2, time.Minute, env.Options()...)
-//	// ... two requests pass, the third is denied ...
-//	env.Advance(time.Minute)
-//	// ... and the next one passes again.
-//
-// Limiters that share keys in one test should all be built with
-// env.Options(), so that they decide on the same clock.
 package redlimittest
 
 import (

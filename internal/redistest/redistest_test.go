@@ -94,6 +94,9 @@ func TestStartBadArgsReportsLog(t *testing.T) {
 }
 
 func TestClusterAddrs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts a 3-master Redis Cluster; runs without -short")
+	}
 	start := time.Now()
 	addrs := ClusterAddrs(t)
 	t.Logf("cluster ready after %v", time.Since(start))
