@@ -6,7 +6,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var leakyBucketScript = loadScript("prelude.lua", "leakybucket.lua", "gcra.lua")
+var leakyBucketScript = loadScript("leakybucket.lua", "gcra.lua")
 
 // LeakyBucket smooths traffic to a steady rate. Its level starts at 0 and
 // drains continuously at the leak rate; a request of n is allowed if level +
@@ -34,11 +34,15 @@ func NewLeakyBucket(rdb redis.Scripter, capacity int, leak Rate, opts ...Option)
 	l, err := newLimiter(rdb, spec{
 		algorithm: "leaky_bucket",
 		code:      "lb",
-		format:    2,
+		format:    3,
 		script:    leakyBucketScript,
 		args:      args,
-		limits:    []int{capacity},
-		windows:   []time.Duration{full},
+		// With a WithPrefix prefix the rate and capacity are stored, so
+		// that configurations sharing a key read each other's level at the
+		// rate that wrote it (see scripts/gcra.lua).
+		sharedArgs: []any{1},
+		limits:     []int{capacity},
+		windows:    []time.Duration{full},
 	}, opts)
 	if err != nil {
 		return nil, err

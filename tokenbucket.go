@@ -6,7 +6,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var tokenBucketScript = loadScript("prelude.lua", "tokenbucket.lua", "gcra.lua")
+var tokenBucketScript = loadScript("tokenbucket.lua", "gcra.lua")
 
 // TokenBucket allows bursts up to its capacity and a steady refill rate
 // beyond. It starts full and refills continuously at the refill rate up to
@@ -34,11 +34,15 @@ func NewTokenBucket(rdb redis.Scripter, capacity int, refill Rate, opts ...Optio
 	l, err := newLimiter(rdb, spec{
 		algorithm: "token_bucket",
 		code:      "tb",
-		format:    2,
+		format:    3,
 		script:    tokenBucketScript,
 		args:      args,
-		limits:    []int{capacity},
-		windows:   []time.Duration{full},
+		// With a WithPrefix prefix the rate and capacity are stored, so
+		// that configurations sharing a key read each other's level at the
+		// rate that wrote it (see scripts/gcra.lua).
+		sharedArgs: []any{1},
+		limits:     []int{capacity},
+		windows:    []time.Duration{full},
 	}, opts)
 	if err != nil {
 		return nil, err
