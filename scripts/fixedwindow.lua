@@ -6,20 +6,17 @@
 -- ARGV[2]  n        permits asked for (>= 0)
 -- ARGV[3]  limit    permits per window
 -- ARGV[4]  window   window length (µs)
--- ARGV[5]  shared   "1" when the key may be shared with other
---                   configurations (WithPrefix): the length is then stored
+-- ARGV[5]  shared   "1" under WithPrefix: the window's length is stored
 --
--- All times are integer µs. The state is a string with a TTL, in one of
--- two forms (docs/internals.md):
---   "<count><end>3"          a window of this configuration's length; end
---                            has 16 digits, 3 is the fixed window's tag. Up
---                            to a count of 91 this is one integer, which
---                            Redis keeps in the least memory.
---   "<count> <end> <len> 3"  a window of len µs, of any configuration.
+-- All times are integer µs. The state is a string with a TTL
+-- (docs/internals.md), `end` with 16 digits and 3 the fixed window's tag:
+--   "<count><end>3"          a window of this configuration's length (up to
+--                            a count of 91 one integer: the least memory)
+--   "<count> <end> <len> 3"  a window of len µs, of any configuration
 -- Every configuration reads a window as lasting at least its own length
--- from its start, applies its own limit to the count, and a grant in a
--- window shorter than its own stretches it to its own length.
--- Denials and n == 0 write nothing, unless the clock went back.
+-- from its start and applies its own limit to the count; a grant in a
+-- window shorter than its own stretches it to its own length. Denials and
+-- n == 0 write nothing, unless the clock went back.
 --
 -- Reply: "allowed remaining retry reset 0 -1" (µs; retry -1 = never).
 
@@ -36,15 +33,8 @@ local function now_us()
   return t[1] * 1000000 + t[2]
 end
 
--- ceil(a / b) for integers a >= 0, b > 0.
-local function ceil_div(a, b)
-  local q = (a - a % b) / b
-  if q * b < a then q = q + 1 end
-  return q
-end
-
--- read_state returns the stored window as count, start, len (no window:
--- count 0), or nil and an error reply for a value that is not ours.
+-- read_state returns the stored window as count, start, len (count 0: no
+-- window), or nil and an error reply for a value that is not ours.
 local function read_state(window)
   local value = redis.pcall('GET', KEYS[1])
   if not value then return 0, 0, window end
@@ -58,12 +48,6 @@ local function read_state(window)
   return count + 0, window_end - len, len + 0
 end
 
--- Our keys always carry a TTL: a window that has closed, or that starts
--- after now, is looked at closer before it is taken for ours.
-local function has_ttl()
-  return redis.call('PTTL', KEYS[1]) >= 0
-end
-
 local function write(count, start, len, now, window, granted)
   local value
   if ARGV[5] == '1' or len ~= window then
@@ -71,18 +55,13 @@ local function write(count, start, len, now, window, granted)
   else
     value = string.format('%d%d3', count, start + len)
   end
-  local ttl = ceil_div(start + len - now, 1000)
+  -- The key lives until the window ends: ms, rounded up (exact in doubles).
+  local ttl = math.ceil((start + len - now) / 1000)
   if granted then
     redis.call('SET', KEYS[1], value, 'PX', ttl)
   else
-    -- A clamp: best effort when Redis refuses writes.
-    redis.pcall('SET', KEYS[1], value, 'PX', ttl)
+    redis.pcall('SET', KEYS[1], value, 'PX', ttl) -- best effort: a clamp
   end
-end
-
-local function reply(allowed, remaining, retry, reset)
-  if remaining < 0 then remaining = 0 end
-  return string.format('%d %d %d %d 0 -1', allowed and 1 or 0, remaining, retry, reset)
 end
 
 local now, n = now_us(), ARGV[2] + 0
@@ -92,14 +71,16 @@ local limit, window = ARGV[3] + 0, ARGV[4] + 0
 local count, start, len = read_state(window)
 if not count then return start end
 
--- Advance: a window never starts after now (the clock went back: it is
--- moved to start now, as internal/model does, and that is written even by
--- a denial, so that no key is locked out longer than a window); it closes
--- at the later of its end and its start plus this configuration's length.
-local clamped = count > 0 and start > now
+-- Advance: the window closes, for this configuration, at the later of its
+-- end and its start plus this configuration's length. It never starts
+-- after now: the clock went back, and it is moved to start now, as
+-- internal/model does, and written even by a denial, so that no key is
+-- locked out longer than a window. Our keys always carry a TTL: a closed
+-- or moved window is ours only if its key has one.
 local view_end = start + len
 if start + window > view_end then view_end = start + window end
-if (clamped or view_end <= now) and count > 0 and not has_ttl() then
+local clamped = count > 0 and start > now
+if count > 0 and (clamped or view_end <= now) and redis.call('PTTL', KEYS[1]) < 0 then
   return not_ours('a value without a TTL')
 end
 if clamped then
@@ -110,24 +91,25 @@ elseif view_end <= now then
 end
 
 -- Decide and apply.
-local allowed, retry = false, 0
+local allowed, retry = 0, 0
 if n > limit then
   retry = -1
 elseif n == 0 then
-  allowed = true
+  allowed = 1
 elseif count == 0 then
-  allowed, count, start, len, view_end = true, n, now, window, now + window
+  allowed, count, start, len, view_end = 1, n, now, window, now + window
 elseif count + n <= limit then
-  allowed, count, len = true, count + n, view_end - start
+  allowed, count, len = 1, count + n, view_end - start
 else
   retry = view_end - now
 end
 
 -- Write: grants, and a window the clock moved.
-if (allowed and n > 0) or clamped then
-  write(count, start, len, now, window, allowed and n > 0)
-end
+local granted = allowed == 1 and n > 0
+if granted or clamped then write(count, start, len, now, window, granted) end
 
-local reset = 0
+-- Reply.
+local remaining, reset = limit - count, 0
+if remaining < 0 then remaining = 0 end
 if count > 0 then reset = view_end - now end
-return reply(allowed, limit - count, retry, reset)
+return string.format('%d %d %d %d 0 -1', allowed, remaining, retry, reset)
