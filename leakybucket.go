@@ -15,7 +15,9 @@ var leakyBucketScript = loadScript("leakybucket.lua", "gcra.lua")
 // back to 0. At equal capacity and rate it makes exactly the decisions of a
 // TokenBucket: choose by the picture that fits your problem.
 //
-// Redis holds one number per key (the time the bucket will be empty).
+// Redis holds one string per key: the time the bucket will be empty, and
+// under WithPrefix the rate and capacity that wrote it, so that limiters
+// with other rates sharing the key drain its level at that rate.
 type LeakyBucket struct {
 	limiter
 }

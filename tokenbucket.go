@@ -14,8 +14,10 @@ var tokenBucketScript = loadScript("tokenbucket.lua", "gcra.lua")
 // A denied request's RetryAfter is the time until n tokens are there;
 // ResetAfter the time until the bucket is full again.
 //
-// It is implemented as GCRA: Redis holds one number per key, the time the
-// bucket will be full.
+// It is implemented as GCRA: Redis holds one string per key, the time the
+// bucket will be full, and under WithPrefix the rate and capacity that
+// wrote it, so that limiters with other rates sharing the key refill it at
+// that rate.
 type TokenBucket struct {
 	limiter
 }
