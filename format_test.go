@@ -10,12 +10,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The scripts' parsers were rewritten for speed (issue 11) without a change
-// of state format: keys written by format 2, the format before the rewrite,
-// under an explicit WithPrefix (where a rolling upgrade meets them) are read
-// as they were, and written back in format 2. Each case is a value in the
-// exact shape format 2 wrote, with the TTL it had; the calls decide on it,
-// and the value left behind is the one format 2 would have written.
+// Keys written by the previous released format (the fixed window's format
+// 2, which is still its own; the buckets' format 2, a level at the
+// reader's own rate) under an explicit WithPrefix, where a rolling upgrade
+// meets them, are read as they were. Each case is a value in the exact
+// shape format 2 wrote, with the TTL it had; the calls decide on it, and
+// the value left behind is the current format's (WithPrefix: the buckets
+// store their rate and capacity).
 func TestStateFormat2StillRead(t *testing.T) {
 	now := epoch.UnixMicro() // 1800000000000000
 	cases := []struct {
@@ -25,7 +26,7 @@ func TestStateFormat2StillRead(t *testing.T) {
 		ttl       time.Duration
 		remaining int
 		reset     time.Duration
-		after     string // the value after one allowed permit
+		after     string // the value after one allowed permit (current format)
 	}{
 		{
 			name: "fixed window, short form",
@@ -54,7 +55,7 @@ func TestStateFormat2StillRead(t *testing.T) {
 			// level 4: empty 4s from now, tag 1.
 			value: "18000000040000001", ttl: 4 * time.Second,
 			remaining: 5, reset: 5 * time.Second,
-			after: "18000000050000001",
+			after: "1800000005000000 0 1 1000000 10 1",
 		},
 		{
 			name: "leaky bucket, a fraction of a microsecond",
@@ -64,7 +65,7 @@ func TestStateFormat2StillRead(t *testing.T) {
 			// level 1 at 3 per second: empty 333333 1/3 µs from now.
 			value: "18000000003333331+1/3", ttl: 334 * time.Millisecond,
 			remaining: 8, reset: 666667 * time.Microsecond,
-			after: "18000000006666661+2/3",
+			after: "1800000000666666 2 3 1000000 10 1",
 		},
 		{
 			name: "token bucket, whole microseconds",
@@ -74,7 +75,7 @@ func TestStateFormat2StillRead(t *testing.T) {
 			// 4 tokens missing: full 4s from now, tag 2.
 			value: "18000000040000002", ttl: 4 * time.Second,
 			remaining: 5, reset: 5 * time.Second,
-			after: "18000000050000002",
+			after: "1800000005000000 0 1 1000000 10 2",
 		},
 		{
 			name: "token bucket, a fraction, read at another rate",
@@ -86,7 +87,7 @@ func TestStateFormat2StillRead(t *testing.T) {
 			// rounds up to 333334 µs, then one more token (500000 µs).
 			value: "18000000003333332+1/3", ttl: 334 * time.Millisecond,
 			remaining: 8, reset: 833334 * time.Microsecond,
-			after: "18000000008333342",
+			after: "1800000000833334 0 1 500000 10 2",
 		},
 	}
 	forEachBackend(t, func(t *testing.T, b backend) {
@@ -109,7 +110,7 @@ func TestStateFormat2StillRead(t *testing.T) {
 				assert.True(t, r.Allowed, "allowed on %q", tc.value)
 				assert.Equal(t, tc.remaining, r.Remaining, "Remaining after one permit on %q", tc.value)
 				assert.Equal(t, tc.reset, r.ResetAfter, "ResetAfter after one permit on %q", tc.value)
-				assert.Equal(t, tc.after, b.rdb.Get(ctx, "fmt:k").Val(), "written back in format 2")
+				assert.Equal(t, tc.after, b.rdb.Get(ctx, "fmt:k").Val(), "written back in the current format")
 				require.NoError(t, b.rdb.Del(ctx, "fmt:k").Err())
 			})
 		}

@@ -149,8 +149,8 @@ var goldenPrefixes = map[string]string{
 	"fw": "redlimit:fw:7vja75:",
 	"sw": "redlimit:sw:upnipq:",
 	"sl": "redlimit:sl:j490bo:",
-	"lb": "redlimit:lb:cuo8ql:",
-	"tb": "redlimit:tb:k4sr3o:",
+	"lb": "redlimit:lb:jfq72b:",
+	"tb": "redlimit:tb:r0ao0p:",
 }
 
 func must[T any](v T, err error) T {

@@ -6,7 +6,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var leakyBucketScript = loadScript("prelude.lua", "leakybucket.lua", "gcra.lua")
+var leakyBucketScript = loadScript("leakybucket.lua", "gcra.lua")
 
 // LeakyBucket smooths traffic to a steady rate. Its level starts at 0 and
 // drains continuously at the leak rate; a request of n is allowed if level +
@@ -15,7 +15,9 @@ var leakyBucketScript = loadScript("prelude.lua", "leakybucket.lua", "gcra.lua")
 // back to 0. At equal capacity and rate it makes exactly the decisions of a
 // TokenBucket: choose by the picture that fits your problem.
 //
-// Redis holds one number per key (the time the bucket will be empty).
+// Redis holds one string per key: the time the bucket will be empty, and
+// under WithPrefix the rate and capacity that wrote it, so that limiters
+// with other rates sharing the key drain its level at that rate.
 type LeakyBucket struct {
 	limiter
 }
@@ -34,11 +36,15 @@ func NewLeakyBucket(rdb redis.Scripter, capacity int, leak Rate, opts ...Option)
 	l, err := newLimiter(rdb, spec{
 		algorithm: "leaky_bucket",
 		code:      "lb",
-		format:    2,
+		format:    3,
 		script:    leakyBucketScript,
 		args:      args,
-		limits:    []int{capacity},
-		windows:   []time.Duration{full},
+		// With a WithPrefix prefix the rate and capacity are stored, so
+		// that configurations sharing a key read each other's level at the
+		// rate that wrote it (see scripts/gcra.lua).
+		sharedArgs: []any{1},
+		limits:     []int{capacity},
+		windows:    []time.Duration{full},
 	}, opts)
 	if err != nil {
 		return nil, err

@@ -6,7 +6,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var tokenBucketScript = loadScript("prelude.lua", "tokenbucket.lua", "gcra.lua")
+var tokenBucketScript = loadScript("tokenbucket.lua", "gcra.lua")
 
 // TokenBucket allows bursts up to its capacity and a steady refill rate
 // beyond. It starts full and refills continuously at the refill rate up to
@@ -14,8 +14,10 @@ var tokenBucketScript = loadScript("prelude.lua", "tokenbucket.lua", "gcra.lua")
 // A denied request's RetryAfter is the time until n tokens are there;
 // ResetAfter the time until the bucket is full again.
 //
-// It is implemented as GCRA: Redis holds one number per key, the time the
-// bucket will be full.
+// It is implemented as GCRA: Redis holds one string per key, the time the
+// bucket will be full, and under WithPrefix the rate and capacity that
+// wrote it, so that limiters with other rates sharing the key refill it at
+// that rate.
 type TokenBucket struct {
 	limiter
 }
@@ -34,11 +36,15 @@ func NewTokenBucket(rdb redis.Scripter, capacity int, refill Rate, opts ...Optio
 	l, err := newLimiter(rdb, spec{
 		algorithm: "token_bucket",
 		code:      "tb",
-		format:    2,
+		format:    3,
 		script:    tokenBucketScript,
 		args:      args,
-		limits:    []int{capacity},
-		windows:   []time.Duration{full},
+		// With a WithPrefix prefix the rate and capacity are stored, so
+		// that configurations sharing a key read each other's level at the
+		// rate that wrote it (see scripts/gcra.lua).
+		sharedArgs: []any{1},
+		limits:     []int{capacity},
+		windows:    []time.Duration{full},
 	}, opts)
 	if err != nil {
 		return nil, err

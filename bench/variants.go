@@ -41,9 +41,9 @@ func variants() []variant {
 	server := func(time.Time) []any { return []any{"", 1, 1_000_000, int64(60_000_000)} }
 	client := func(now time.Time) []any { return []any{now.UnixMicro(), 1, 1_000_000, int64(60_000_000)} }
 	// Joined as fixedwindow.go, leakybucket.go and tokenbucket.go join them.
-	fw := scriptFile("prelude.lua") + scriptFile("fixedwindow.lua")
-	lb := scriptFile("prelude.lua") + scriptFile("leakybucket.lua") + scriptFile("gcra.lua")
-	tb := scriptFile("prelude.lua") + scriptFile("tokenbucket.lua") + scriptFile("gcra.lua")
+	fw := scriptFile("fixedwindow.lua")
+	lb := scriptFile("leakybucket.lua") + scriptFile("gcra.lua")
+	tb := scriptFile("tokenbucket.lua") + scriptFile("gcra.lua")
 	// The buckets' allow workload: 1,000,000 per minute, reduced to 1 per 60µs.
 	bucket := func(time.Time) []any { return []any{"", 1, 1_000_000, 60, 1} }
 	floor := func(algorithm, workload string) variant {

@@ -1,20 +1,6 @@
--- tokenbucket.lua: a bucket starts full with `capacity` tokens and refills
--- continuously at `count` tokens per `per` µs, up to capacity; a request of n
--- is allowed if n tokens are there, and takes them (GCRA: one stored time).
---
--- Joined after prelude.lua; gcra.lua follows and decides, on the
--- missing tokens, full - tokens, in ticks of 1/count µs of refill (one
--- token is `per` ticks): a token bucket's missing tokens are a leaky
--- bucket's level. Its state's tag is 2. ARGV (see gcra.lua):
---
--- ARGV[1] now (µs, or "" for server TIME)
--- ARGV[2] n         tokens asked for (>= 0)
--- ARGV[3] capacity  tokens the bucket holds
--- ARGV[4] per       refill period (µs), reduced with count
--- ARGV[5] count     tokens refilled per period
-
--- The state's tag; the whole-µs form's pattern and format with the tag
--- written in, constants rather than built per call (see gcra.lua); what
--- names the bucket in errors.
-local TAG, TAT, TAT_FORMAT = '2', '^([1-9]%d*)2$', '%d2'
-local WHAT = 'a token bucket'
+-- tokenbucket.lua: the token bucket's part of its script; gcra.lua follows
+-- and decides. A bucket starts full and refills continuously at the refill
+-- rate; a request of n is allowed if n tokens are there, and takes them.
+-- Its missing tokens are a leaky bucket's level, which gcra.lua counts.
+-- The state's tag is 2 (the leaky bucket's 1, the fixed window's 3).
+local TAG, WHAT = '2', 'a token bucket'

@@ -10,13 +10,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The fixed window's cheaper paths (issue 11) decide and write exactly as
-// the general one: grants up to a count of 91 add to the short form with
-// INCRBY, larger ones write it with SET KEEPTTL, and a full window denies a
-// request for one permit without converting its count. Step by step on a
-// default key, through all three, the Result and the stored value are the
-// ones format 2 gives, and the TTL is never extended.
-func TestFixedWindowCheapPathsExact(t *testing.T) {
+// A default key holds the fixed window's short form: step by step, on
+// either side of a count of 91 (where the value stops being one integer
+// that Redis keeps in the least memory), the Result and the stored value
+// are format 2's, the TTL is never extended, and a full window denies
+// until its end without writing.
+func TestFixedWindowShortFormExact(t *testing.T) {
 	t.Parallel()
 	const limit = 120
 	forEachBackend(t, func(t *testing.T, b backend) {
@@ -27,7 +26,7 @@ func TestFixedWindowCheapPathsExact(t *testing.T) {
 		key := keyPrefix(l) + "k"
 		end := epoch.Add(time.Second + time.Minute) // the first grant is a second in
 		count := 0
-		// n of 1 and of more, across the count of 91 where INCRBY stops.
+		// n of 1 and of more, across the count of 91.
 		for _, n := range []int{1, 1, 3, 40, 1, 45, 1, 1, 2, 5, 1, 19} {
 			clock.Advance(time.Second)
 			ttlBefore := b.rdb.PTTL(ctx, key).Val()
@@ -45,8 +44,7 @@ func TestFixedWindowCheapPathsExact(t *testing.T) {
 		require.Equal(t, limit, count)
 		full := b.rdb.Get(ctx, key).Val()
 
-		// Full: denied for one permit (the path that compares the count's
-		// text with the limit's) and for more, until the window ends.
+		// Full: denied for one permit and for more, until the window ends.
 		clock.Advance(10 * time.Second)
 		for _, n := range []int{1, 2, 1} {
 			r, err := l.AllowN(ctx, "k", n)
@@ -73,9 +71,8 @@ func TestFixedWindowCheapPathsExact(t *testing.T) {
 }
 
 // A short form whose count is above this configuration's limit (a format 2
-// value another limit wrote under a shared prefix) is denied for one permit
-// like a full window, though its count's text is not the limit's, and its
-// Remaining is 0.
+// value another limit wrote under a shared prefix) is denied like a full
+// window, and its Remaining is 0.
 func TestFixedWindowCountAboveLimitDenied(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {

@@ -1,0 +1,218 @@
+package redlimit
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/model"
+)
+
+// The state of the fixed window and the buckets, read by every
+// configuration the same way (DESIGN property 8), changed by nothing but
+// grants (property 10), and by a clock that goes back only as the reference
+// model says.
+
+// newBucket makes a leaky or a token bucket.
+func newBucket(alg string, rdb redis.Scripter, capacity int, rate Rate, opts ...Option) (Limiter, error) {
+	if alg == "leaky_bucket" {
+		return NewLeakyBucket(rdb, capacity, rate, opts...)
+	}
+	return NewTokenBucket(rdb, capacity, rate, opts...)
+}
+
+// A bucket's level drains at the rate that wrote it, whoever reads it:
+// Y = (10 at 10/s) grants 10, then X = (10 at 1/min) on the same key at
+// the same instant grants nothing (Y alone grants 10). Once Y's level has
+// drained at Y's rate, X grants its 10, which drain at X's rate.
+func TestBucketLevelDrainsAtWritersRate(t *testing.T) {
+	t.Parallel()
+	for _, alg := range []string{"leaky_bucket", "token_bucket"} {
+		t.Run(alg, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, b backend) {
+				ctx := context.Background()
+				clock := newClock()
+				opts := []Option{WithPrefix("rates:"), WithClock(clock.Now)}
+				y, err := newBucket(alg, b.rdb, 10, PerSecond(10), opts...)
+				require.NoError(t, err)
+				x, err := newBucket(alg, b.rdb, 10, PerMinute(1), opts...)
+				require.NoError(t, err)
+
+				r, err := y.AllowN(ctx, "k", 10)
+				require.NoError(t, err)
+				require.True(t, r.Allowed, "Y grants its burst: %+v", r)
+				for i := range 10 {
+					r, err := x.Allow(ctx, "k")
+					require.NoError(t, err)
+					require.False(t, r.Allowed, "X's call %d at the instant Y spent the bucket: %+v", i, r)
+				}
+				r, err = x.AllowN(ctx, "k", 0)
+				require.NoError(t, err)
+				require.Equal(t, Result{Allowed: true, Limit: 10, ResetAfter: time.Second}, r,
+					"X reads Y's level, which drains at Y's 10/s")
+
+				clock.Advance(time.Second)
+				r, err = x.AllowN(ctx, "k", 10)
+				require.NoError(t, err)
+				require.True(t, r.Allowed, "Y's level drained in 1s: %+v", r)
+				require.Equal(t, 10*time.Minute, r.ResetAfter, "X's level drains at X's 1/min")
+				r, err = y.Allow(ctx, "k")
+				require.NoError(t, err)
+				require.Equal(t, Result{Limit: 10, RetryAfter: time.Minute, ResetAfter: 10 * time.Minute}, r,
+					"Y reads X's level at X's rate: one permit a minute")
+			})
+		})
+	}
+}
+
+// twinConfig draws a random configuration of alg with its limit or capacity.
+func twinConfig(alg string, rng *rand.Rand) (func(rdb redis.Scripter, opts ...Option) (Limiter, error), int, string) {
+	limit := 1 + rng.IntN(10)
+	if alg == "fixed_window" {
+		window := time.Duration(1+rng.IntN(20))*time.Second + time.Duration(rng.IntN(1000))*time.Millisecond
+		return func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+			return NewFixedWindow(rdb, limit, window, opts...)
+		}, limit, fmt.Sprintf("fixed_window(%d per %v)", limit, window)
+	}
+	rate := Rate{Count: 1 + rng.IntN(5), Per: time.Duration(1+rng.IntN(10))*time.Second + time.Duration(rng.IntN(1000))*time.Millisecond}
+	return func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+		return newBucket(alg, rdb, limit, rate, opts...)
+	}, limit, fmt.Sprintf("%s(%d at %d per %v)", alg, limit, rate.Count, rate.Per)
+}
+
+// Two keys with the same grants, by random configurations sharing a
+// prefix; one also gets random calls that grant nothing (n == 0, requests
+// above the capacity, requests one above Remaining) by any of them. Every
+// later answer on the two is the same (DESIGN property 10).
+func TestTwinKeysAnswerAlike(t *testing.T) {
+	t.Parallel()
+	for ai, alg := range []string{"fixed_window", "leaky_bucket", "token_bucket"} {
+		t.Run(alg, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, b backend) {
+				ctx := context.Background()
+				if b.mini == nil {
+					keepTTL(b.rdb, time.Hour)
+				}
+				for trace := range 4 {
+					rng := rand.New(rand.NewPCG(uint64(trace), uint64(ai)))
+					clock := newClock()
+					prefix := fmt.Sprintf("twin:%s:%d:", alg, trace)
+					var limiters []Limiter
+					var limits []int
+					var descs []string
+					for range 2 + rng.IntN(2) {
+						make, limit, desc := twinConfig(alg, rng)
+						l, err := make(b.rdb, WithPrefix(prefix), WithClock(clock.Now))
+						require.NoError(t, err)
+						limiters, limits, descs = append(limiters, l), append(limits, limit), append(descs, desc)
+					}
+					for step := range 150 {
+						clock.Advance(time.Duration(rng.Int64N(int64(2 * time.Second))).Truncate(time.Microsecond))
+						for range rng.IntN(3) {
+							i := rng.IntN(len(limiters))
+							switch rng.IntN(3) {
+							case 0:
+								r, err := limiters[i].AllowN(ctx, "extra", 0)
+								require.NoError(t, err)
+								require.True(t, r.Allowed)
+							case 1:
+								r, err := limiters[i].AllowN(ctx, "extra", limits[i]+1+rng.IntN(3))
+								require.NoError(t, err)
+								require.False(t, r.Allowed)
+							default:
+								r, err := limiters[i].AllowN(ctx, "extra", 0)
+								require.NoError(t, err)
+								r, err = limiters[i].AllowN(ctx, "extra", r.Remaining+1)
+								require.NoError(t, err)
+								require.False(t, r.Allowed, "one more than Remaining")
+							}
+						}
+						i, n := rng.IntN(len(limiters)), 1+rng.IntN(3)
+						want, err := limiters[i].AllowN(ctx, "plain", n)
+						require.NoError(t, err)
+						got, err := limiters[i].AllowN(ctx, "extra", n)
+						require.NoError(t, err)
+						require.Equal(t, want, got, "trace %d step %d: %s asks %d; configurations %v", trace, step, descs[i], n, descs)
+					}
+				}
+			})
+		})
+	}
+}
+
+// Random traces of one configuration whose clock also jumps back, against
+// the reference model: every call decides (the key is always read as ours)
+// and answers as the model does, where the model sees the calls that
+// changed the key (grants, and a state the clock went back past, which is
+// clamped as the model clamps it). Calls that change nothing are not its
+// history: the model keeps state at every call, which would make an n == 0
+// call before the clock goes back change a later answer.
+func TestClockBackTracesMatchModel(t *testing.T) {
+	t.Parallel()
+	type step struct {
+		atUS int64
+		n    int64
+	}
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		if b.mini == nil {
+			keepTTL(b.rdb, time.Hour)
+		}
+		for c := range 3 {
+			seed := uint64(7000 + c)
+			rng := rand.New(rand.NewPCG(seed, 0))
+			for _, dc := range randomDiffCases(rng) {
+				if dc.name[0] == 's' { // the sliding scripts are not this file's
+					continue
+				}
+				t.Run(fmt.Sprintf("seed%d/%s", seed, dc.name), func(t *testing.T) {
+					rng := rand.New(rand.NewPCG(seed, 1))
+					clock := &fakeClock{now: epoch.Add(time.Duration(rng.Int64N(int64(time.Hour))))}
+					prefix := fmt.Sprintf("back:%d:", c)
+					l, err := dc.make(b.rdb, WithClock(clock.Now), WithPrefix(prefix))
+					require.NoError(t, err)
+					require.NoError(t, l.Reset(ctx, "k"))
+					var history []step
+					latestUS := int64(0) // the latest time a call changed the key
+					for i := range 250 {
+						move := timeStep(rng, dc.scale)
+						if rng.IntN(6) == 0 {
+							move = -move
+						}
+						clock.Advance(move)
+						n := int64(rng.IntN(4))
+						if rng.IntN(10) < 6 {
+							n = 1
+						}
+						before := b.rdb.Get(ctx, prefix+"k").Val()
+						got, err := l.AllowN(ctx, "k", int(n))
+						require.NoError(t, err, "step %d: a key the limiter wrote is read as its own", i)
+						now := clock.now.UnixMicro()
+						dc.model.Reset()
+						var m model.Result
+						for _, s := range append(history, step{now, n}) {
+							m = dc.model.Step(s.atUS, s.n)
+						}
+						want := Result{Allowed: m.Allowed, Limit: int(m.Limit), Remaining: int(m.Remaining),
+							RetryAfter: time.Duration(m.RetryAfterUS) * us, ResetAfter: time.Duration(m.ResetAfterUS) * us}
+						if m.RetryAfterUS == model.Never {
+							want.RetryAfter = Never
+						}
+						require.Equal(t, want, got, "step %d (%v) at +%dµs, n=%d", i, move, now-epoch.UnixMicro(), n)
+						if b.rdb.Get(ctx, prefix+"k").Val() != before {
+							require.True(t, (got.Allowed && n > 0) || now < latestUS,
+								"step %d: only a grant, or a call after the clock went back, changes the key", i)
+							history = append(history, step{now, n})
+							latestUS = max(latestUS, now)
+						}
+					}
+				})
+			}
+		}
+	})
+}
