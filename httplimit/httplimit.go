@@ -23,9 +23,9 @@
 //     OnError callback is told, and so is the limiter's observer
 //     (redlimit.WithObserver).
 //
-// A decision waits at most the decision timeout (WithTimeout, 100ms by
-// default), or less when the request's own deadline is sooner, so a slow or
-// unreachable Redis never holds a request longer. go-redis honours a
+// A decision waits at most the decision deadline (WithTimeout, 100ms by
+// default), so a slow or unreachable Redis never holds a request longer;
+// the request's own deadline, which a client may choose, plays no part. go-redis honours a
 // deadline while reading a reply only when the client is built with
 // ContextTimeoutEnabled: true.
 //
@@ -130,7 +130,6 @@ type config struct {
 	errorHandler  ErrorHandler
 	deniedHandler http.Handler
 	timeout       time.Duration
-	timeoutSet    bool
 	choose        func(*http.Request) string
 	plans         []Plan
 	now           func() time.Time // for X-RateLimit-Reset
@@ -200,15 +199,19 @@ func WithFailClosed() Option {
 	return func(c *config) { c.failClosed = true }
 }
 
-// WithTimeout sets the decision timeout: the longest a request waits for
+// WithTimeout sets the decision deadline: the longest a request waits for
 // the limiter, after which it is treated as undecided (fail open, or 503
-// with WithFailClosed). The request's own deadline wins when it is sooner.
-// 0 turns the timeout off (only the request's deadline then bounds the
-// wait). Default: 100ms, far above a healthy round trip to Redis (well
-// under 1ms on a LAN) and short enough that an outage adds at most a tenth
-// of a second to a request. Middleware panics on a negative timeout.
+// with WithFailClosed). The limiter runs under this deadline alone, on a
+// context that keeps the request's values but not its deadline or
+// cancellation: a deadline the client chose (a server that passes one
+// down, a client that hangs up) never cuts a decision short, so it can
+// neither skip the limit by failing it open nor make a healthy Redis look
+// failed to the limiter's circuit breaker. Default: 100ms, far above a
+// healthy round trip to Redis (well under 1ms on a LAN, a few ms across
+// zones) and short enough that an outage adds at most a tenth of a second
+// to a request. Middleware panics on a timeout that is not positive.
 func WithTimeout(d time.Duration) Option {
-	return func(c *config) { c.timeout, c.timeoutSet = d, true }
+	return func(c *config) { c.timeout = d }
 }
 
 // Plan is one limit of WithPlans: a limiter, and the policy its responses
@@ -303,8 +306,8 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 		panic("httplimit: WithDeniedHandler(nil)")
 	case c.windowSeconds < 0:
 		panic("httplimit: WithWindow: negative window")
-	case c.timeout < 0:
-		panic(fmt.Sprintf("httplimit: WithTimeout(%v): negative timeout", c.timeout))
+	case c.timeout <= 0:
+		panic(fmt.Sprintf("httplimit: WithTimeout(%v): must be positive", c.timeout))
 	case c.plans != nil && c.choose == nil:
 		panic("httplimit: WithPlans: nil choose")
 	}
@@ -416,12 +419,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		p = &h.policies[i]
 	}
-	ctx := r.Context()
-	if c.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.timeout)
-		defer cancel()
-	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), c.timeout)
+	defer cancel()
 	res, err := p.limiter.AllowN(ctx, key, cost)
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrNoDecision, err)
