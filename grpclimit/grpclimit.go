@@ -128,9 +128,17 @@ func WithCost(fn func(ctx context.Context, fullMethod string) int) Option {
 // codes.Unavailable instead of going through. Default: fail open.
 func WithFailClosed() Option { return func(c *config) { c.failClosed = true } }
 
-// WithTimeout sets the longest a call waits for the limiter (the call's own
-// deadline wins when sooner); 0 turns it off. Default: 100ms. The go-redis
-// client must have ContextTimeoutEnabled for a deadline to cut a read short.
+// WithTimeout sets the decision deadline: the longest a call waits for the
+// limiter, after which it is undecided (fail open, or codes.Unavailable
+// with WithFailClosed). The limiter runs under this deadline alone, on a
+// context that keeps the call's values but not its deadline or
+// cancellation: the client's grpc-timeout (200µs, say) never cuts a
+// decision short, so it can neither skip the limit by failing it open nor
+// make a healthy Redis look failed to the limiter's circuit breaker.
+// Default: 100ms, far above a healthy round trip to Redis and short enough
+// that an outage adds at most a tenth of a second to a call. The go-redis
+// client must have ContextTimeoutEnabled for a deadline to cut a read
+// short. A timeout that is not positive panics.
 func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
 
 // WithOnError sets a callback told of every error the interceptor meets:
@@ -166,8 +174,8 @@ func newLimiter(l redlimit.Limiter, opts []Option) *limiter {
 		panic("grpclimit: WithKeyFunc(nil)")
 	case c.cost == nil:
 		panic("grpclimit: WithCost(nil)")
-	case c.timeout < 0:
-		panic(fmt.Sprintf("grpclimit: WithTimeout(%v): negative", c.timeout))
+	case c.timeout <= 0:
+		panic(fmt.Sprintf("grpclimit: WithTimeout(%v): must be positive", c.timeout))
 	}
 	return &limiter{cfg: c, l: l}
 }
@@ -200,15 +208,17 @@ func (lim *limiter) check(ctx context.Context, method string) error {
 		lim.tell(ctx, method, fmt.Errorf("grpclimit: cost %d is negative", cost))
 		return status.Error(codes.Internal, "bad request cost")
 	}
-	decideCtx := ctx
-	if c.timeout > 0 {
-		var cancel context.CancelFunc
-		decideCtx, cancel = context.WithTimeout(ctx, c.timeout)
-		defer cancel()
-	}
+	// The client's grpc-timeout plays no part: see WithTimeout.
+	decideCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
+	defer cancel()
 	res, err := lim.l.AllowN(decideCtx, key, cost)
 	if err != nil {
 		lim.tell(ctx, method, err)
+		if errors.Is(err, redlimit.ErrInvalidArgument) {
+			// A key the limiter refuses (longer than 1024 bytes, say) is
+			// the caller's input: never a reason to fail open.
+			return status.Error(codes.InvalidArgument, "invalid rate limit key")
+		}
 		if !c.failClosed {
 			return nil
 		}

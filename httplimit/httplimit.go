@@ -63,7 +63,9 @@ import (
 // Errors handed to the ErrorHandler and the OnError callback. Each wraps the
 // underlying error too: errors.Is(err, context.DeadlineExceeded) works.
 var (
-	// ErrKey is matched when the KeyFunc failed or returned an empty key.
+	// ErrKey is matched when the KeyFunc failed or returned an empty key, or
+	// the limiter refused the key (redlimit.ErrInvalidArgument: a key longer
+	// than 1024 bytes); DefaultErrorHandler answers 400 to the latter.
 	ErrKey = errors.New("httplimit: no rate limit key for the request")
 	// ErrCost is matched when the cost function returned a negative cost.
 	ErrCost = errors.New("httplimit: bad request cost")
@@ -87,7 +89,8 @@ type ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
 // DefaultErrorHandler answers 503 Service Unavailable when err matches
 // ErrNoDecision, 400 Bad Request when it matches ErrMissingKey (the client
 // sent no key: 400 rather than 401, since the middleware does not
-// authenticate), and 500 Internal Server Error otherwise, with a short text
+// authenticate) or redlimit.ErrInvalidArgument (the limiter refused the
+// key the request carried: longer than 1024 bytes), and 500 Internal Server Error otherwise, with a short text
 // body that does not reveal err.
 func DefaultErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
@@ -96,6 +99,9 @@ func DefaultErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	case errors.Is(err, ErrMissingKey):
 		http.Error(w, "missing rate limit key", http.StatusBadRequest)
+		return
+	case errors.Is(err, redlimit.ErrInvalidArgument):
+		http.Error(w, "invalid rate limit key", http.StatusBadRequest)
 		return
 	}
 	http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
@@ -422,6 +428,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), c.timeout)
 	defer cancel()
 	res, err := p.limiter.AllowN(ctx, key, cost)
+	if errors.Is(err, redlimit.ErrInvalidArgument) {
+		// A key the limiter refuses (longer than 1024 bytes, say) is the
+		// client's input: never a reason to fail open.
+		h.fail(w, r, fmt.Errorf("%w: %w", ErrKey, err))
+		return
+	}
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrNoDecision, err)
 		if c.failClosed {

@@ -601,3 +601,39 @@ func TestMiddlewarePlans(t *testing.T) {
 		})
 	})
 }
+
+// keyLimit refuses keys longer than 1024 bytes as the redlimit limiters do:
+// ErrInvalidArgument, without a decision.
+type keyLimit struct{ redlimit.Limiter }
+
+func (k keyLimit) AllowN(ctx context.Context, key string, n int) (redlimit.Result, error) {
+	if len(key) > 1024 {
+		return redlimit.Result{}, fmt.Errorf("%w: key of %d bytes: at most 1024", redlimit.ErrInvalidArgument, len(key))
+	}
+	return k.Limiter.AllowN(ctx, key, n)
+}
+
+// A megabyte X-API-Key is the client's error: 400, with fail open or
+// closed, never a request let through and never 500 or 503.
+func TestMiddlewareLongKeyIsBadRequest(t *testing.T) {
+	env := redlimittest.New(t)
+	fw, err := redlimit.NewFixedWindow(env.Client(), 1, time.Minute, env.Options()...)
+	require.NoError(t, err)
+	for _, failClosed := range []bool{false, true} {
+		var told errorLog
+		opts := []Option{WithKeyFunc(Header("X-API-Key")), WithOnError(told.record)}
+		if failClosed {
+			opts = append(opts, WithFailClosed())
+		}
+		h := Middleware(keyLimit{fw}, opts...)(ok)
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set("X-API-Key", strings.Repeat("k", 1<<20))
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		assert.Equal(t, http.StatusBadRequest, rec.Code, "fail closed %v: body %q", failClosed, rec.Body.String())
+		errs := told.take()
+		require.Len(t, errs, 1, "OnError is told")
+		assert.ErrorIs(t, errs[0], redlimit.ErrInvalidArgument)
+		assert.ErrorIs(t, errs[0], ErrKey)
+	}
+}
