@@ -160,7 +160,9 @@ func WithCost(fn func(r *http.Request) int) Option {
 }
 
 // WithPolicyName sets the name of the policy in RateLimit-Policy and
-// RateLimit. Default: "default". It must be printable ASCII (the
+// RateLimit. Default: "default". Give each of several middlewares on one
+// route its own name: each adds its policy to the lists, and a client tells
+// them apart by name. It must be printable ASCII (the
 // structured-field string syntax); Middleware panics otherwise.
 func WithPolicyName(name string) Option {
 	return func(c *config) { c.policyName = name }
@@ -470,11 +472,18 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	h.cfg.errorHandler(w, r, err)
 }
 
+// setHeaders adds the policy to the RateLimit-Policy and RateLimit lists,
+// after what an outer middleware put there, so that a client sees every
+// limit on the route. The legacy headers, single values, show the limit
+// with the fewest permits left.
 func (p *policy) setHeaders(header http.Header, res redlimit.Result, c *config) {
 	// q follows Result.Limit, which for a SlidingLog is the binding strategy's.
-	header.Set("RateLimit-Policy", p.quotedName+";q="+strconv.Itoa(res.Limit)+p.params)
-	header.Set("RateLimit", p.quotedName+";r="+strconv.Itoa(res.Remaining)+";t="+strconv.FormatInt(ceilSeconds(res.ResetAfter), 10))
+	appendListMember(header, "RateLimit-Policy", p.quotedName+";q="+strconv.Itoa(res.Limit)+p.params)
+	appendListMember(header, "RateLimit", p.quotedName+";r="+strconv.Itoa(res.Remaining)+";t="+strconv.FormatInt(ceilSeconds(res.ResetAfter), 10))
 	if c.legacyHeaders {
+		if prev, err := strconv.Atoi(header.Get("X-RateLimit-Remaining")); err == nil && prev <= res.Remaining {
+			return // an outer limit binds sooner
+		}
 		header.Set("X-RateLimit-Limit", strconv.Itoa(res.Limit))
 		header.Set("X-RateLimit-Remaining", strconv.Itoa(res.Remaining))
 		resetAt := c.now().Add(res.ResetAfter)
@@ -484,6 +493,15 @@ func (p *policy) setHeaders(header http.Header, res redlimit.Result, c *config) 
 		}
 		header.Set("X-RateLimit-Reset", strconv.FormatInt(unix, 10))
 	}
+}
+
+// appendListMember adds member to the structured-field list in header
+// name, on its one line.
+func appendListMember(header http.Header, name, member string) {
+	if prev := header.Get(name); prev != "" {
+		member = prev + ", " + member
+	}
+	header.Set(name, member)
 }
 
 // ceilSeconds returns d in whole seconds, rounded up; 0 for d <= 0.
