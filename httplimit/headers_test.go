@@ -22,8 +22,10 @@ func TestChainedMiddlewaresListEveryPolicy(t *testing.T) {
 	require.NoError(t, err)
 	hour, err := redlimit.NewFixedWindow(env.Client(), 100, time.Hour, env.Options()...)
 	require.NoError(t, err)
-	h := Middleware(minute, WithPolicyName("minute"), WithWindow(time.Minute), WithLegacyHeaders())(
-		Middleware(hour, WithPolicyName("hour"), WithWindow(time.Hour), WithLegacyHeaders())(ok))
+	// Every request is decided: a loaded test machine must not fail one open.
+	noErrors := WithOnError(func(_ *http.Request, err error) { t.Errorf("no decision: %v", err) })
+	h := Middleware(minute, WithPolicyName("minute"), WithWindow(time.Minute), WithLegacyHeaders(), noErrors, WithTimeout(5*time.Second))(
+		Middleware(hour, WithPolicyName("hour"), WithWindow(time.Hour), WithLegacyHeaders(), noErrors, WithTimeout(5*time.Second))(ok))
 
 	type want struct {
 		status            int
