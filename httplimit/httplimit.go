@@ -74,6 +74,9 @@ var (
 	ErrNoDecision = errors.New("httplimit: rate limiter made no decision")
 	// ErrPlan is matched when WithPlans' choose names no plan.
 	ErrPlan = errors.New("httplimit: no such plan")
+	// ErrNotEnforced is matched, in shadow mode (WithShadow), by every
+	// error the OnError callback is told of: the request went through.
+	ErrNotEnforced = errors.New("httplimit: shadow mode, not enforced")
 )
 
 // KeyFunc returns the rate limit key of a request: requests with equal keys
@@ -133,6 +136,8 @@ type config struct {
 	legacyHeaders bool
 	failClosed    bool
 	onError       func(*http.Request, error)
+	onDenied      func(r *http.Request, res redlimit.Result, enforced bool)
+	shadow        bool
 	errorHandler  ErrorHandler
 	deniedHandler http.Handler
 	timeout       time.Duration
@@ -253,6 +258,31 @@ func WithPlans(choose func(r *http.Request) string, plans ...Plan) Option {
 // limiter failures).
 func WithOnError(fn func(r *http.Request, err error)) Option {
 	return func(c *config) { c.onError = fn }
+}
+
+// WithOnDenied sets a callback told of every denial, with the Result:
+// enforced is true when the request is then answered by the denied
+// handler, false in shadow mode (WithShadow), where it goes through. It
+// runs on the request's goroutine before the response is written, and
+// should be quick. Default: none (the limiter's observer still sees every
+// decision).
+func WithOnDenied(fn func(r *http.Request, res redlimit.Result, enforced bool)) Option {
+	return func(c *config) { c.onDenied = fn }
+}
+
+// WithShadow turns on shadow mode, to roll out a new limit safely: every
+// request is decided and counted as usual (the permits are taken, the
+// limiter's observer sees the decision, with Decision.Shadow set), but
+// none is ever stopped. A denial is told to the OnDenied callback with
+// enforced false; an error (no key, a bad cost, no decision) is told to
+// OnError, matching ErrNotEnforced, and the request goes through whatever
+// WithFailClosed says. Responses carry no rate limit headers, so clients
+// see no change; the next handler still finds the Result with
+// ResultFromContext. Watch the share of shadow decisions that were denied
+// (observer: Shadow && !Result.Allowed), per key and route, before turning
+// enforcement on: it is the traffic the limit will refuse. Default: off.
+func WithShadow() Option {
+	return func(c *config) { c.shadow = true }
 }
 
 // WithErrorHandler sets the ErrorHandler. Default: DefaultErrorHandler.
@@ -429,6 +459,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), c.timeout)
 	defer cancel()
+	if c.shadow {
+		ctx = redlimit.ShadowContext(ctx)
+	}
 	res, err := p.limiter.AllowN(ctx, key, cost)
 	if errors.Is(err, redlimit.ErrInvalidArgument) {
 		// A key the limiter refuses (longer than 1024 bytes, say) is the
@@ -438,7 +471,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrNoDecision, err)
-		if c.failClosed {
+		if c.failClosed && !c.shadow {
 			var hint interface{ RetryAfter() time.Duration }
 			if errors.As(err, &hint) && hint.RetryAfter() > 0 {
 				w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(hint.RetryAfter()), 10))
@@ -446,17 +479,25 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.fail(w, r, err)
 			return
 		}
-		if c.onError != nil {
-			c.onError(r, err)
+		h.tell(r, err)
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, res))
+	if c.shadow {
+		if !res.Allowed && c.onDenied != nil {
+			c.onDenied(r, res, false)
 		}
 		h.next.ServeHTTP(w, r)
 		return
 	}
 	p.setHeaders(w.Header(), res, c)
-	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, res))
 	if res.Allowed {
 		h.next.ServeHTTP(w, r)
 		return
+	}
+	if c.onDenied != nil {
+		c.onDenied(r, res, true)
 	}
 	if res.RetryAfter != redlimit.Never {
 		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(res.RetryAfter), 10))
@@ -464,12 +505,26 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.deniedHandler.ServeHTTP(w, r)
 }
 
-// fail stops the request on err.
+// fail stops the request on err; in shadow mode it lets it through.
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
-	if h.cfg.onError != nil {
-		h.cfg.onError(r, err)
+	h.tell(r, err)
+	if h.cfg.shadow {
+		h.next.ServeHTTP(w, r)
+		return
 	}
 	h.cfg.errorHandler(w, r, err)
+}
+
+// tell hands err to the OnError callback, marked ErrNotEnforced in shadow
+// mode.
+func (h *handler) tell(r *http.Request, err error) {
+	if h.cfg.onError == nil {
+		return
+	}
+	if h.cfg.shadow {
+		err = fmt.Errorf("%w: %w", ErrNotEnforced, err)
+	}
+	h.cfg.onError(r, err)
 }
 
 // setHeaders adds the policy to the RateLimit-Policy and RateLimit lists,
