@@ -113,6 +113,8 @@ type config struct {
 	failClosed bool
 	timeout    time.Duration
 	onError    func(ctx context.Context, fullMethod string, err error)
+	onDenied   func(ctx context.Context, fullMethod string, res redlimit.Result, enforced bool)
+	shadow     bool
 }
 
 // WithKeyFunc sets how a call's key is found. Default: PeerIP.
@@ -147,6 +149,27 @@ func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = 
 func WithOnError(fn func(ctx context.Context, fullMethod string, err error)) Option {
 	return func(c *config) { c.onError = fn }
 }
+
+// WithOnDenied sets a callback told of every denial, with the Result:
+// enforced is true when the call then fails with ResourceExhausted, false
+// in shadow mode (WithShadow), where the handler runs. Default: none.
+func WithOnDenied(fn func(ctx context.Context, fullMethod string, res redlimit.Result, enforced bool)) Option {
+	return func(c *config) { c.onDenied = fn }
+}
+
+// ErrNotEnforced is matched, in shadow mode, by every error the OnError
+// callback is told of: the call went on.
+var ErrNotEnforced = errors.New("grpclimit: shadow mode, not enforced")
+
+// WithShadow turns on shadow mode, to roll out a new limit safely: every
+// call is decided and counted as usual (the permits are taken, the
+// limiter's observer sees the decision with Decision.Shadow set), but the
+// handler always runs. A denial is told to OnDenied with enforced false;
+// an error (no key, a bad cost, no decision) is told to OnError, matching
+// ErrNotEnforced, whatever WithFailClosed says. Watch the share of shadow
+// decisions that were denied (observer: Shadow && !Result.Allowed) before
+// turning enforcement on. Default: off.
+func WithShadow() Option { return func(c *config) { c.shadow = true } }
 
 // limiter holds what both interceptors share.
 type limiter struct {
@@ -189,8 +212,18 @@ func isNilPointer(v any) bool {
 	return false
 }
 
-// check decides one call: nil lets it through, else a status error.
+// check decides one call: nil lets it through, else a status error. In
+// shadow mode every call goes through.
 func (lim *limiter) check(ctx context.Context, method string) error {
+	err := lim.decide(ctx, method)
+	if err != nil && lim.cfg.shadow {
+		return nil
+	}
+	return err
+}
+
+// decide is check as enforced.
+func (lim *limiter) decide(ctx context.Context, method string) error {
 	c := &lim.cfg
 	key, err := c.keyFunc(ctx, method)
 	if err == nil && key == "" {
@@ -211,6 +244,9 @@ func (lim *limiter) check(ctx context.Context, method string) error {
 	// The client's grpc-timeout plays no part: see WithTimeout.
 	decideCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
 	defer cancel()
+	if c.shadow {
+		decideCtx = redlimit.ShadowContext(decideCtx)
+	}
 	res, err := lim.l.AllowN(decideCtx, key, cost)
 	if err != nil {
 		lim.tell(ctx, method, err)
@@ -232,6 +268,9 @@ func (lim *limiter) check(ctx context.Context, method string) error {
 	if res.Allowed {
 		return nil
 	}
+	if c.onDenied != nil {
+		c.onDenied(ctx, method, res, !c.shadow)
+	}
 	if res.RetryAfter == redlimit.Never {
 		return status.Errorf(codes.ResourceExhausted, "request exceeds the rate limit of %d", res.Limit)
 	}
@@ -247,10 +286,16 @@ func withRetry(st *status.Status, d time.Duration) *status.Status {
 	return detailed
 }
 
+// tell hands err to the OnError callback, marked ErrNotEnforced in shadow
+// mode.
 func (lim *limiter) tell(ctx context.Context, method string, err error) {
-	if lim.cfg.onError != nil {
-		lim.cfg.onError(ctx, method, err)
+	if lim.cfg.onError == nil {
+		return
 	}
+	if lim.cfg.shadow {
+		err = fmt.Errorf("%w: %w", ErrNotEnforced, err)
+	}
+	lim.cfg.onError(ctx, method, err)
 }
 
 // UnaryServerInterceptor limits unary calls with l; see the package
