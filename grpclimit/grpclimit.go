@@ -1,24 +1,3 @@
-// Package grpclimit rate-limits gRPC servers with any redlimit.Limiter: a
-// unary and a stream server interceptor.
-//
-// For each call the interceptor finds a key (the peer's IP address unless
-// WithKeyFunc says otherwise) and asks the limiter for one permit (WithCost
-// for more), and then:
-//
-//   - allowed: the handler runs;
-//   - denied: the call fails with codes.ResourceExhausted and a
-//     google.rpc.RetryInfo detail whose retry_delay is Result.RetryAfter
-//     (left out when the request can never be allowed: RetryAfter ==
-//     redlimit.Never);
-//   - no key (a missing metadata entry): codes.InvalidArgument; a KeyFunc
-//     failure of another kind: codes.Internal;
-//   - no decision (Redis down, slower than the decision timeout, circuit
-//     breaker open): the handler runs (fail open, the default), or the call
-//     fails with codes.Unavailable (WithFailClosed), with a RetryInfo when
-//     the error says how long the limiter stays unavailable.
-//
-// A stream is limited once, when it opens. This package lives in its own
-// module so that redlimit's go.mod stays free of gRPC.
 package grpclimit
 
 import (
