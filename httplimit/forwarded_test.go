@@ -1,14 +1,19 @@
 package httplimit
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/redlimittest"
 )
 
 // proxyAppend is how a proxy adds its element to what the client sent.
@@ -129,4 +134,24 @@ var proxyElements = []struct{ forwarded, xff, want string }{
 	{`proto=https;For="[2001:db8::9]:4711"`, `[2001:db8::9]:4711`, "2001:db8::9"},
 	{`for="[2001:db8::9]"`, `2001:db8::9`, "2001:db8::9"},
 	{`for=203.0.113.9;host="example.com"`, ` 203.0.113.9 `, "203.0.113.9"},
+}
+
+// End to end: one client behind a trusted proxy sends 1000 requests, each
+// with a Forwarded line of its own that claims another address behind an
+// unclosed quote. A limit of 5 per hour gives it 5.
+func TestForwardedSpoofingEndToEnd(t *testing.T) {
+	env := redlimittest.New(t)
+	l, err := redlimit.NewFixedWindow(env.Client(), 5, time.Hour, env.Options()...)
+	require.NoError(t, err)
+	key := ClientIPBehind(Proxies{Header: "Forwarded", Trusted: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
+	h := Middleware(l, WithKeyFunc(key), WithTimeout(5*time.Second))(ok)
+	codes := map[int]int{}
+	for i := range 1000 {
+		client := []string{fmt.Sprintf(`for=198.51.%d.%d;x="`, i/256, i%256), fmt.Sprintf(`for="_id%d";x="`, i)}[i%2]
+		req := forwardedRequest("Forwarded", []string{client}, "for=203.0.113.9", proxyAppend(i/2%2))
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		codes[rec.Code]++
+	}
+	assert.Equal(t, map[int]int{200: 5, 429: 995}, codes)
 }
