@@ -207,6 +207,8 @@ type Decision struct {
 	// Fallback reports a call that Redis could not decide and the
 	// WithFallback limiter did: Result is the fallback's own, Err is nil.
 	Fallback bool
+	// Shadow reports a call under ShadowContext: decided and counted, never enforced.
+	Shadow bool
 }
 
 // limiter is the part every algorithm shares: it turns engine replies into
@@ -313,7 +315,7 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 	}
 	if fn := o.observer; fn != nil {
 		cfg.Observe = func(ev engine.Event) {
-			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.Fallback != nil}
+			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.Fallback != nil, Shadow: IsShadow(ev.Ctx)}
 			if ev.Err == nil {
 				d.Result = l.result(ev.Reply)
 			}

@@ -5,6 +5,7 @@ go 1.26.0
 replace github.com/redlimit/redlimit => ../
 
 require (
+	github.com/redis/go-redis/v9 v9.23.0
 	github.com/redlimit/redlimit v0.0.0-00010101000000-000000000000
 	github.com/stretchr/testify v1.12.1
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261026165753-2ffab32bce7e
@@ -15,7 +16,6 @@ require (
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/redis/go-redis/v9 v9.23.0 // indirect
 	github.com/yuin/gopher-lua v1.1.1 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect

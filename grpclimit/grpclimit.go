@@ -1,24 +1,3 @@
-// Package grpclimit rate-limits gRPC servers with any redlimit.Limiter: a
-// unary and a stream server interceptor.
-//
-// For each call the interceptor finds a key (the peer's IP address unless
-// WithKeyFunc says otherwise) and asks the limiter for one permit (WithCost
-// for more), and then:
-//
-//   - allowed: the handler runs;
-//   - denied: the call fails with codes.ResourceExhausted and a
-//     google.rpc.RetryInfo detail whose retry_delay is Result.RetryAfter
-//     (left out when the request can never be allowed: RetryAfter ==
-//     redlimit.Never);
-//   - no key (a missing metadata entry): codes.InvalidArgument; a KeyFunc
-//     failure of another kind: codes.Internal;
-//   - no decision (Redis down, slower than the decision timeout, circuit
-//     breaker open): the handler runs (fail open, the default), or the call
-//     fails with codes.Unavailable (WithFailClosed), with a RetryInfo when
-//     the error says how long the limiter stays unavailable.
-//
-// A stream is limited once, when it opens. This package lives in its own
-// module so that redlimit's go.mod stays free of gRPC.
 package grpclimit
 
 import (
@@ -113,6 +92,8 @@ type config struct {
 	failClosed bool
 	timeout    time.Duration
 	onError    func(ctx context.Context, fullMethod string, err error)
+	onDenied   func(ctx context.Context, fullMethod string, res redlimit.Result, enforced bool)
+	shadow     bool
 }
 
 // WithKeyFunc sets how a call's key is found. Default: PeerIP.
@@ -128,9 +109,17 @@ func WithCost(fn func(ctx context.Context, fullMethod string) int) Option {
 // codes.Unavailable instead of going through. Default: fail open.
 func WithFailClosed() Option { return func(c *config) { c.failClosed = true } }
 
-// WithTimeout sets the longest a call waits for the limiter (the call's own
-// deadline wins when sooner); 0 turns it off. Default: 100ms. The go-redis
-// client must have ContextTimeoutEnabled for a deadline to cut a read short.
+// WithTimeout sets the decision deadline: the longest a call waits for the
+// limiter, after which it is undecided (fail open, or codes.Unavailable
+// with WithFailClosed). The limiter runs under this deadline alone, on a
+// context that keeps the call's values but not its deadline or
+// cancellation: the client's grpc-timeout (200µs, say) never cuts a
+// decision short, so it can neither skip the limit by failing it open nor
+// make a healthy Redis look failed to the limiter's circuit breaker.
+// Default: 100ms, far above a healthy round trip to Redis and short enough
+// that an outage adds at most a tenth of a second to a call. The go-redis
+// client must have ContextTimeoutEnabled for a deadline to cut a read
+// short. A timeout that is not positive panics.
 func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
 
 // WithOnError sets a callback told of every error the interceptor meets:
@@ -139,6 +128,27 @@ func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = 
 func WithOnError(fn func(ctx context.Context, fullMethod string, err error)) Option {
 	return func(c *config) { c.onError = fn }
 }
+
+// WithOnDenied sets a callback told of every denial, with the Result:
+// enforced is true when the call then fails with ResourceExhausted, false
+// in shadow mode (WithShadow), where the handler runs. Default: none.
+func WithOnDenied(fn func(ctx context.Context, fullMethod string, res redlimit.Result, enforced bool)) Option {
+	return func(c *config) { c.onDenied = fn }
+}
+
+// ErrNotEnforced is matched, in shadow mode, by every error the OnError
+// callback is told of: the call went on.
+var ErrNotEnforced = errors.New("grpclimit: shadow mode, not enforced")
+
+// WithShadow turns on shadow mode, to roll out a new limit safely: every
+// call is decided and counted as usual (the permits are taken, the
+// limiter's observer sees the decision with Decision.Shadow set), but the
+// handler always runs. A denial is told to OnDenied with enforced false;
+// an error (no key, a bad cost, no decision) is told to OnError, matching
+// ErrNotEnforced, whatever WithFailClosed says. Watch the share of shadow
+// decisions that were denied (observer: Shadow && !Result.Allowed) before
+// turning enforcement on. Default: off.
+func WithShadow() Option { return func(c *config) { c.shadow = true } }
 
 // limiter holds what both interceptors share.
 type limiter struct {
@@ -166,8 +176,8 @@ func newLimiter(l redlimit.Limiter, opts []Option) *limiter {
 		panic("grpclimit: WithKeyFunc(nil)")
 	case c.cost == nil:
 		panic("grpclimit: WithCost(nil)")
-	case c.timeout < 0:
-		panic(fmt.Sprintf("grpclimit: WithTimeout(%v): negative", c.timeout))
+	case c.timeout <= 0:
+		panic(fmt.Sprintf("grpclimit: WithTimeout(%v): must be positive", c.timeout))
 	}
 	return &limiter{cfg: c, l: l}
 }
@@ -181,8 +191,18 @@ func isNilPointer(v any) bool {
 	return false
 }
 
-// check decides one call: nil lets it through, else a status error.
+// check decides one call: nil lets it through, else a status error. In
+// shadow mode every call goes through.
 func (lim *limiter) check(ctx context.Context, method string) error {
+	err := lim.decide(ctx, method)
+	if err != nil && lim.cfg.shadow {
+		return nil
+	}
+	return err
+}
+
+// decide is check as enforced.
+func (lim *limiter) decide(ctx context.Context, method string) error {
 	c := &lim.cfg
 	key, err := c.keyFunc(ctx, method)
 	if err == nil && key == "" {
@@ -200,15 +220,20 @@ func (lim *limiter) check(ctx context.Context, method string) error {
 		lim.tell(ctx, method, fmt.Errorf("grpclimit: cost %d is negative", cost))
 		return status.Error(codes.Internal, "bad request cost")
 	}
-	decideCtx := ctx
-	if c.timeout > 0 {
-		var cancel context.CancelFunc
-		decideCtx, cancel = context.WithTimeout(ctx, c.timeout)
-		defer cancel()
+	// The client's grpc-timeout plays no part: see WithTimeout.
+	decideCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
+	defer cancel()
+	if c.shadow {
+		decideCtx = redlimit.ShadowContext(decideCtx)
 	}
 	res, err := lim.l.AllowN(decideCtx, key, cost)
 	if err != nil {
 		lim.tell(ctx, method, err)
+		if errors.Is(err, redlimit.ErrInvalidArgument) {
+			// A key the limiter refuses (longer than 1024 bytes, say) is
+			// the caller's input: never a reason to fail open.
+			return status.Error(codes.InvalidArgument, "invalid rate limit key")
+		}
 		if !c.failClosed {
 			return nil
 		}
@@ -221,6 +246,9 @@ func (lim *limiter) check(ctx context.Context, method string) error {
 	}
 	if res.Allowed {
 		return nil
+	}
+	if c.onDenied != nil {
+		c.onDenied(ctx, method, res, !c.shadow)
 	}
 	if res.RetryAfter == redlimit.Never {
 		return status.Errorf(codes.ResourceExhausted, "request exceeds the rate limit of %d", res.Limit)
@@ -237,10 +265,16 @@ func withRetry(st *status.Status, d time.Duration) *status.Status {
 	return detailed
 }
 
+// tell hands err to the OnError callback, marked ErrNotEnforced in shadow
+// mode.
 func (lim *limiter) tell(ctx context.Context, method string, err error) {
-	if lim.cfg.onError != nil {
-		lim.cfg.onError(ctx, method, err)
+	if lim.cfg.onError == nil {
+		return
 	}
+	if lim.cfg.shadow {
+		err = fmt.Errorf("%w: %w", ErrNotEnforced, err)
+	}
+	lim.cfg.onError(ctx, method, err)
 }
 
 // UnaryServerInterceptor limits unary calls with l; see the package

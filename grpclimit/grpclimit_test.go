@@ -175,6 +175,7 @@ func TestPanicsOnSetupErrors(t *testing.T) {
 		"nil option":        func() { UnaryServerInterceptor(l, nil) },
 		"nil key func":      func() { UnaryServerInterceptor(l, WithKeyFunc(nil)) },
 		"negative timeout":  func() { UnaryServerInterceptor(l, WithTimeout(-1)) },
+		"zero timeout":      func() { UnaryServerInterceptor(l, WithTimeout(0)) },
 		"empty metadata":    func() { Metadata(" ") },
 	} {
 		t.Run(name, func(t *testing.T) { assert.Panics(t, fn) })

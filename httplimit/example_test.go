@@ -3,6 +3,7 @@ package httplimit_test
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -71,9 +72,10 @@ func ExampleClientIP() {
 	// 198.51.100.1 <nil>
 }
 
-// An upload limit in bytes: each request costs its Content-Length. A body
-// larger than the whole budget can never pass and is answered 413.
-func ExampleWithCost() {
+// An upload limit in bytes: each request costs its Content-Length, and a
+// body of unknown length (chunked) costs the stated maximum, 100 KB here.
+// A body larger than the whole budget can never pass and is answered 413.
+func ExampleBodyCost() {
 	env := newRedis()
 	defer env.Close()
 
@@ -84,28 +86,94 @@ func ExampleWithCost() {
 	}
 	upload := httplimit.Middleware(limiter,
 		httplimit.WithKeyFunc(httplimit.Header("X-API-Key")),
-		httplimit.WithCost(func(r *http.Request) int { return int(max(r.ContentLength, 0)) }),
+		httplimit.WithCost(httplimit.BodyCost(100_000)),
 		httplimit.WithQuotaUnit("content-bytes"),
 		httplimit.WithWindow(time.Hour),
 	)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 
-	for _, size := range []int{600_000, 600_000, 2_000_000} {
-		req := httptest.NewRequest(http.MethodPost, "/upload", strings.NewReader(strings.Repeat("x", size)))
+	send := func(name string, body io.Reader) {
+		req := httptest.NewRequest(http.MethodPost, "/upload", body)
 		req.Header.Set("X-API-Key", "k-123")
 		rec := httptest.NewRecorder()
 		upload.ServeHTTP(rec, req)
-		fmt.Println(size, rec.Code, rec.Header().Get("RateLimit"))
+		fmt.Println(name, rec.Code, rec.Header().Get("RateLimit"))
 	}
-	fmt.Println(func() string {
-		rec := httptest.NewRecorder()
-		upload.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/upload", nil))
-		return fmt.Sprint("no key: ", rec.Code)
-	}())
+	send("600 KB", strings.NewReader(strings.Repeat("x", 600_000)))
+	send("chunked", struct{ io.Reader }{strings.NewReader("a body of unknown length")})
+	send("600 KB", strings.NewReader(strings.Repeat("x", 600_000)))
+	send("2 MB", strings.NewReader(strings.Repeat("x", 2_000_000)))
 	// Output:
-	// 600000 200 "default";r=400000;t=2160
-	// 600000 429 "default";r=400000;t=2160
-	// 2000000 413 "default";r=400000;t=2160
-	// no key: 400
+	// 600 KB 200 "default";r=400000;t=2160
+	// chunked 200 "default";r=300000;t=2520
+	// 600 KB 429 "default";r=300000;t=2520
+	// 2 MB 413 "default";r=300000;t=2520
+}
+
+// Two limits on one route, a burst limit and an hourly one: each
+// middleware adds its policy to the RateLimit lists, so the client sees
+// both.
+func ExampleWithPolicyName() {
+	env := newRedis()
+	defer env.Close()
+
+	perMinute, err := redlimit.NewFixedWindow(env.Client(), 5, time.Minute, env.Options()...)
+	if err != nil {
+		panic(err)
+	}
+	perHour, err := redlimit.NewFixedWindow(env.Client(), 100, time.Hour, env.Options()...)
+	if err != nil {
+		panic(err)
+	}
+	h := httplimit.Middleware(perMinute, httplimit.WithPolicyName("minute"), httplimit.WithWindow(time.Minute))(
+		httplimit.Middleware(perHour, httplimit.WithPolicyName("hour"), httplimit.WithWindow(time.Hour))(
+			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})))
+
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	fmt.Println("RateLimit-Policy:", rec.Header().Get("RateLimit-Policy"))
+	fmt.Println("RateLimit:", rec.Header().Get("RateLimit"))
+	// Output:
+	// RateLimit-Policy: "minute";q=5;w=60, "hour";q=100;w=3600
+	// RateLimit: "minute";r=4;t=60, "hour";r=99;t=3600
+}
+
+// Shadow mode: a new limit of 2 per minute is decided and counted, the
+// observer and OnDenied hear of each would-be denial, and every request
+// still gets through. Count decisions with Shadow set and Allowed false:
+// they are what enforcing the limit would refuse.
+func ExampleWithShadow() {
+	env := newRedis()
+	defer env.Close()
+
+	var wouldDeny int
+	limiter, err := redlimit.NewFixedWindow(env.Client(), 2, time.Minute, env.Options(
+		redlimit.WithObserver(func(d redlimit.Decision) {
+			if d.Shadow && d.Err == nil && !d.Result.Allowed {
+				wouldDeny++ // a metric: redlimit_decisions_total{shadow="true",allowed="false"}
+			}
+		}))...)
+	if err != nil {
+		panic(err)
+	}
+	h := httplimit.Middleware(limiter,
+		httplimit.WithShadow(),
+		httplimit.WithOnDenied(func(r *http.Request, res redlimit.Result, enforced bool) {
+			fmt.Println("denied, enforced:", enforced)
+		}),
+	)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+
+	for range 3 {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		fmt.Println(rec.Code)
+	}
+	fmt.Println("would have denied:", wouldDeny)
+	// Output:
+	// 200
+	// 200
+	// denied, enforced: false
+	// 200
+	// would have denied: 1
 }
 
 // Without Redis, requests go through (fail open) unless WithFailClosed asks

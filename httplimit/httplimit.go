@@ -1,50 +1,3 @@
-// Package httplimit rate-limits HTTP handlers with any redlimit.Limiter.
-//
-// Middleware wraps a handler: for each request it finds a key (the client's
-// IP address unless WithKeyFunc says otherwise) and a cost (1 unless
-// WithCost says otherwise), asks the limiter for that many permits, and
-// then:
-//
-//   - allowed: calls the next handler;
-//   - denied: answers 429 Too Many Requests with Retry-After, in whole
-//     seconds rounded up, and a short text body;
-//   - denied for good, because the cost exceeds the limiter's capacity
-//     (Result.RetryAfter == redlimit.Never): answers 413 Content Too Large
-//     without Retry-After, since no wait would help and 429 invites a retry;
-//   - the request lacks its key (Header's header is missing): answers 400
-//     Bad Request through the ErrorHandler;
-//   - no key otherwise (the KeyFunc failed) or a negative cost: answers 500
-//     through the ErrorHandler;
-//   - no decision (Redis unreachable, slower than the decision timeout, the
-//     limiter's circuit breaker open): calls the next handler (fail open,
-//     the default) or answers 503 Service Unavailable through the
-//     ErrorHandler (WithFailClosed), with Retry-After when the error says
-//     how long the limiter expects to stay unavailable. Either way the
-//     OnError callback is told, and so is the limiter's observer
-//     (redlimit.WithObserver).
-//
-// A decision waits at most the decision timeout (WithTimeout, 100ms by
-// default), or less when the request's own deadline is sooner, so a slow or
-// unreachable Redis never holds a request longer. go-redis honours a
-// deadline while reading a reply only when the client is built with
-// ContextTimeoutEnabled: true.
-//
-// Every response of a request the limiter decided on carries the
-// RateLimit-Policy and RateLimit fields of the IETF draft
-// draft-ietf-httpapi-ratelimit-headers, in structured-field syntax, as
-// revision -09 defines them (the fields and parameters used here, q, qu, w,
-// r and t, are unchanged from -08 to -10):
-//
-//	RateLimit-Policy: "default";q=100;w=60
-//	RateLimit: "default";r=42;t=17
-//
-// q is Result.Limit, w the window in seconds (WithWindow; left out when not
-// set), r is Result.Remaining and t is Result.ResetAfter in seconds, rounded
-// up. WithLegacyHeaders adds X-RateLimit-Limit, X-RateLimit-Remaining and
-// X-RateLimit-Reset. The headers are set before the next handler runs, so it
-// may change or remove them.
-//
-// The package uses only the standard library and redlimit.
 package httplimit
 
 import (
@@ -63,7 +16,9 @@ import (
 // Errors handed to the ErrorHandler and the OnError callback. Each wraps the
 // underlying error too: errors.Is(err, context.DeadlineExceeded) works.
 var (
-	// ErrKey is matched when the KeyFunc failed or returned an empty key.
+	// ErrKey is matched when the KeyFunc failed or returned an empty key, or
+	// the limiter refused the key (redlimit.ErrInvalidArgument: a key longer
+	// than 1024 bytes); DefaultErrorHandler answers 400 to the latter.
 	ErrKey = errors.New("httplimit: no rate limit key for the request")
 	// ErrCost is matched when the cost function returned a negative cost.
 	ErrCost = errors.New("httplimit: bad request cost")
@@ -72,6 +27,9 @@ var (
 	ErrNoDecision = errors.New("httplimit: rate limiter made no decision")
 	// ErrPlan is matched when WithPlans' choose names no plan.
 	ErrPlan = errors.New("httplimit: no such plan")
+	// ErrNotEnforced is matched, in shadow mode (WithShadow), by every
+	// error the OnError callback is told of: the request went through.
+	ErrNotEnforced = errors.New("httplimit: shadow mode, not enforced")
 )
 
 // KeyFunc returns the rate limit key of a request: requests with equal keys
@@ -87,7 +45,8 @@ type ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
 // DefaultErrorHandler answers 503 Service Unavailable when err matches
 // ErrNoDecision, 400 Bad Request when it matches ErrMissingKey (the client
 // sent no key: 400 rather than 401, since the middleware does not
-// authenticate), and 500 Internal Server Error otherwise, with a short text
+// authenticate) or redlimit.ErrInvalidArgument (the limiter refused the
+// key the request carried: longer than 1024 bytes), and 500 Internal Server Error otherwise, with a short text
 // body that does not reveal err.
 func DefaultErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
@@ -96,6 +55,9 @@ func DefaultErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	case errors.Is(err, ErrMissingKey):
 		http.Error(w, "missing rate limit key", http.StatusBadRequest)
+		return
+	case errors.Is(err, redlimit.ErrInvalidArgument):
+		http.Error(w, "invalid rate limit key", http.StatusBadRequest)
 		return
 	}
 	http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
@@ -127,10 +89,11 @@ type config struct {
 	legacyHeaders bool
 	failClosed    bool
 	onError       func(*http.Request, error)
+	onDenied      func(r *http.Request, res redlimit.Result, enforced bool)
+	shadow        bool
 	errorHandler  ErrorHandler
 	deniedHandler http.Handler
 	timeout       time.Duration
-	timeoutSet    bool
 	choose        func(*http.Request) string
 	plans         []Plan
 	now           func() time.Time // for X-RateLimit-Reset
@@ -155,7 +118,9 @@ func WithCost(fn func(r *http.Request) int) Option {
 }
 
 // WithPolicyName sets the name of the policy in RateLimit-Policy and
-// RateLimit. Default: "default". It must be printable ASCII (the
+// RateLimit. Default: "default". Give each of several middlewares on one
+// route its own name: each adds its policy to the lists, and a client tells
+// them apart by name. It must be printable ASCII (the
 // structured-field string syntax); Middleware panics otherwise.
 func WithPolicyName(name string) Option {
 	return func(c *config) { c.policyName = name }
@@ -200,15 +165,19 @@ func WithFailClosed() Option {
 	return func(c *config) { c.failClosed = true }
 }
 
-// WithTimeout sets the decision timeout: the longest a request waits for
+// WithTimeout sets the decision deadline: the longest a request waits for
 // the limiter, after which it is treated as undecided (fail open, or 503
-// with WithFailClosed). The request's own deadline wins when it is sooner.
-// 0 turns the timeout off (only the request's deadline then bounds the
-// wait). Default: 100ms, far above a healthy round trip to Redis (well
-// under 1ms on a LAN) and short enough that an outage adds at most a tenth
-// of a second to a request. Middleware panics on a negative timeout.
+// with WithFailClosed). The limiter runs under this deadline alone, on a
+// context that keeps the request's values but not its deadline or
+// cancellation: a deadline the client chose (a server that passes one
+// down, a client that hangs up) never cuts a decision short, so it can
+// neither skip the limit by failing it open nor make a healthy Redis look
+// failed to the limiter's circuit breaker. Default: 100ms, far above a
+// healthy round trip to Redis (well under 1ms on a LAN, a few ms across
+// zones) and short enough that an outage adds at most a tenth of a second
+// to a request. Middleware panics on a timeout that is not positive.
 func WithTimeout(d time.Duration) Option {
-	return func(c *config) { c.timeout, c.timeoutSet = d, true }
+	return func(c *config) { c.timeout = d }
 }
 
 // Plan is one limit of WithPlans: a limiter, and the policy its responses
@@ -242,6 +211,31 @@ func WithPlans(choose func(r *http.Request) string, plans ...Plan) Option {
 // limiter failures).
 func WithOnError(fn func(r *http.Request, err error)) Option {
 	return func(c *config) { c.onError = fn }
+}
+
+// WithOnDenied sets a callback told of every denial, with the Result:
+// enforced is true when the request is then answered by the denied
+// handler, false in shadow mode (WithShadow), where it goes through. It
+// runs on the request's goroutine before the response is written, and
+// should be quick. Default: none (the limiter's observer still sees every
+// decision).
+func WithOnDenied(fn func(r *http.Request, res redlimit.Result, enforced bool)) Option {
+	return func(c *config) { c.onDenied = fn }
+}
+
+// WithShadow turns on shadow mode, to roll out a new limit safely: every
+// request is decided and counted as usual (the permits are taken, the
+// limiter's observer sees the decision, with Decision.Shadow set), but
+// none is ever stopped. A denial is told to the OnDenied callback with
+// enforced false; an error (no key, a bad cost, no decision) is told to
+// OnError, matching ErrNotEnforced, and the request goes through whatever
+// WithFailClosed says. Responses carry no rate limit headers, so clients
+// see no change; the next handler still finds the Result with
+// ResultFromContext. Watch the share of shadow decisions that were denied
+// (observer: Shadow && !Result.Allowed), per key and route, before turning
+// enforcement on: it is the traffic the limit will refuse. Default: off.
+func WithShadow() Option {
+	return func(c *config) { c.shadow = true }
 }
 
 // WithErrorHandler sets the ErrorHandler. Default: DefaultErrorHandler.
@@ -303,8 +297,8 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 		panic("httplimit: WithDeniedHandler(nil)")
 	case c.windowSeconds < 0:
 		panic("httplimit: WithWindow: negative window")
-	case c.timeout < 0:
-		panic(fmt.Sprintf("httplimit: WithTimeout(%v): negative timeout", c.timeout))
+	case c.timeout <= 0:
+		panic(fmt.Sprintf("httplimit: WithTimeout(%v): must be positive", c.timeout))
 	case c.plans != nil && c.choose == nil:
 		panic("httplimit: WithPlans: nil choose")
 	}
@@ -416,16 +410,21 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		p = &h.policies[i]
 	}
-	ctx := r.Context()
-	if c.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.timeout)
-		defer cancel()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), c.timeout)
+	defer cancel()
+	if c.shadow {
+		ctx = redlimit.ShadowContext(ctx)
 	}
 	res, err := p.limiter.AllowN(ctx, key, cost)
+	if errors.Is(err, redlimit.ErrInvalidArgument) {
+		// A key the limiter refuses (longer than 1024 bytes, say) is the
+		// client's input: never a reason to fail open.
+		h.fail(w, r, fmt.Errorf("%w: %w", ErrKey, err))
+		return
+	}
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrNoDecision, err)
-		if c.failClosed {
+		if c.failClosed && !c.shadow {
 			var hint interface{ RetryAfter() time.Duration }
 			if errors.As(err, &hint) && hint.RetryAfter() > 0 {
 				w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(hint.RetryAfter()), 10))
@@ -433,17 +432,25 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.fail(w, r, err)
 			return
 		}
-		if c.onError != nil {
-			c.onError(r, err)
+		h.tell(r, err)
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, res))
+	if c.shadow {
+		if !res.Allowed && c.onDenied != nil {
+			c.onDenied(r, res, false)
 		}
 		h.next.ServeHTTP(w, r)
 		return
 	}
 	p.setHeaders(w.Header(), res, c)
-	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, res))
 	if res.Allowed {
 		h.next.ServeHTTP(w, r)
 		return
+	}
+	if c.onDenied != nil {
+		c.onDenied(r, res, true)
 	}
 	if res.RetryAfter != redlimit.Never {
 		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(res.RetryAfter), 10))
@@ -451,19 +458,40 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.deniedHandler.ServeHTTP(w, r)
 }
 
-// fail stops the request on err.
+// fail stops the request on err; in shadow mode it lets it through.
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
-	if h.cfg.onError != nil {
-		h.cfg.onError(r, err)
+	h.tell(r, err)
+	if h.cfg.shadow {
+		h.next.ServeHTTP(w, r)
+		return
 	}
 	h.cfg.errorHandler(w, r, err)
 }
 
+// tell hands err to the OnError callback, marked ErrNotEnforced in shadow
+// mode.
+func (h *handler) tell(r *http.Request, err error) {
+	if h.cfg.onError == nil {
+		return
+	}
+	if h.cfg.shadow {
+		err = fmt.Errorf("%w: %w", ErrNotEnforced, err)
+	}
+	h.cfg.onError(r, err)
+}
+
+// setHeaders adds the policy to the RateLimit-Policy and RateLimit lists,
+// after what an outer middleware put there, so that a client sees every
+// limit on the route. The legacy headers, single values, show the limit
+// with the fewest permits left.
 func (p *policy) setHeaders(header http.Header, res redlimit.Result, c *config) {
 	// q follows Result.Limit, which for a SlidingLog is the binding strategy's.
-	header.Set("RateLimit-Policy", p.quotedName+";q="+strconv.Itoa(res.Limit)+p.params)
-	header.Set("RateLimit", p.quotedName+";r="+strconv.Itoa(res.Remaining)+";t="+strconv.FormatInt(ceilSeconds(res.ResetAfter), 10))
+	appendListMember(header, "RateLimit-Policy", p.quotedName+";q="+strconv.Itoa(res.Limit)+p.params)
+	appendListMember(header, "RateLimit", p.quotedName+";r="+strconv.Itoa(res.Remaining)+";t="+strconv.FormatInt(ceilSeconds(res.ResetAfter), 10))
 	if c.legacyHeaders {
+		if prev, err := strconv.Atoi(header.Get("X-RateLimit-Remaining")); err == nil && prev <= res.Remaining {
+			return // an outer limit binds sooner
+		}
 		header.Set("X-RateLimit-Limit", strconv.Itoa(res.Limit))
 		header.Set("X-RateLimit-Remaining", strconv.Itoa(res.Remaining))
 		resetAt := c.now().Add(res.ResetAfter)
@@ -473,6 +501,15 @@ func (p *policy) setHeaders(header http.Header, res redlimit.Result, c *config) 
 		}
 		header.Set("X-RateLimit-Reset", strconv.FormatInt(unix, 10))
 	}
+}
+
+// appendListMember adds member to the structured-field list in header
+// name, on its one line.
+func appendListMember(header http.Header, name, member string) {
+	if prev := header.Get(name); prev != "" {
+		member = prev + ", " + member
+	}
+	header.Set(name, member)
 }
 
 // ceilSeconds returns d in whole seconds, rounded up; 0 for d <= 0.

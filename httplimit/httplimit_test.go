@@ -345,23 +345,26 @@ func TestMiddlewareErrors(t *testing.T) {
 	}
 }
 
-// A request whose context has ended gets no decision: ErrNoDecision wraps
-// the context's error.
+// A request whose context has ended (the client hung up, or chose a
+// deadline that passed) is decided all the same: a client cannot fail the
+// limit open, or skip it, with its own deadline.
 func TestMiddlewareContextError(t *testing.T) {
 	env := redlimittest.New(t)
 	l, err := redlimit.NewFixedWindow(env.Client(), 1, time.Minute, env.Options()...)
 	require.NoError(t, err)
 	var told errorLog
-	h := Middleware(l, WithOnError(told.record), WithFailClosed())(ok)
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil).WithContext(ctx))
-	assert.Equal(t, 503, rec.Code)
-	errs := told.take()
-	require.Len(t, errs, 1)
-	assert.ErrorIs(t, errs[0], ErrNoDecision)
-	assert.ErrorIs(t, errs[0], context.Canceled)
+	h := Middleware(l, WithOnError(told.record))(ok)
+	for i, want := range []int{200, 429, 429} {
+		ctx, cancel := context.WithCancel(context.Background())
+		if i%2 == 1 {
+			ctx, cancel = context.WithTimeout(context.Background(), -time.Second)
+		}
+		cancel()
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil).WithContext(ctx))
+		assert.Equal(t, want, rec.Code, "request %d, context %v", i, ctx.Err())
+	}
+	assert.Empty(t, told.take(), "every request was decided")
 }
 
 // Clients behind a trusted proxy share nothing: each is limited by the
@@ -411,7 +414,8 @@ func TestMiddlewarePanicsOnProgrammingErrors(t *testing.T) {
 		{"policy name not ASCII", func() { Middleware(l, WithPolicyName("grüße")) }, "printable ASCII"},
 		{"quota unit with a newline", func() { Middleware(l, WithQuotaUnit("a\nb")) }, "must be requests, content-bytes or concurrent-requests"},
 		{"quota unit not in the draft", func() { Middleware(l, WithQuotaUnit("bytes")) }, `WithQuotaUnit("bytes")`},
-		{"negative timeout", func() { Middleware(l, WithTimeout(-time.Second)) }, "negative timeout"},
+		{"negative timeout", func() { Middleware(l, WithTimeout(-time.Second)) }, "must be positive"},
+		{"zero timeout", func() { Middleware(l, WithTimeout(0)) }, "must be positive"},
 		{"typed nil limiter", func() { Middleware((*redlimit.TokenBucket)(nil)) }, "nil Limiter (*redlimit.TokenBucket)"},
 		{"plans without choose", func() { Middleware(l, WithPlans(nil, Plan{Name: "free", Limiter: l})) }, "nil choose"},
 		{"plan without limiter", func() { Middleware(l, WithPlans(func(*http.Request) string { return "" }, Plan{Name: "free"})) }, `plan "free": nil Limiter`},
@@ -480,27 +484,29 @@ func (s slowLimiter) AllowN(ctx context.Context, key string, n int) (redlimit.Re
 }
 
 // A Redis that does not answer holds a request no longer than the decision
-// timeout; the request's own, shorter deadline wins. The limiter's context
-// is checked by its deadline, which the middleware sets when it starts:
-// how long the limiter then waits also counts the time before it was
-// called (under -race, milliseconds), and cannot show the whole timeout.
+// deadline, and the request's own deadline, shorter or already passed, plays
+// no part: the limiter always gets the whole deadline. The limiter's context
+// is checked by its deadline, which the middleware sets when it starts: how
+// long the limiter then waits also counts the time before it was called
+// (under -race, milliseconds), and cannot show the whole timeout.
 func TestMiddlewareTimeout(t *testing.T) {
 	tests := []struct {
 		name     string
 		opts     []Option
-		deadline time.Duration // the request's own; 0 = none
+		deadline time.Duration // the request's own; 0 = none, < 0 = already passed
 		want     time.Duration
 	}{
 		{name: "default 100ms", want: defaultTimeout},
 		{name: "WithTimeout", opts: []Option{WithTimeout(30 * time.Millisecond)}, want: 30 * time.Millisecond},
-		{name: "the request's shorter deadline wins", deadline: 20 * time.Millisecond, want: 20 * time.Millisecond},
+		{name: "the request's shorter deadline is ignored", deadline: time.Microsecond, want: defaultTimeout},
+		{name: "a deadline already passed is ignored", deadline: -time.Second, want: defaultTimeout},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			l := newSlowLimiter()
 			h := Middleware(l, append([]Option{WithFailClosed()}, tt.opts...)...)(ok)
 			req := httptest.NewRequest(http.MethodGet, "/", nil)
-			if tt.deadline > 0 {
+			if tt.deadline != 0 {
 				ctx, cancel := context.WithTimeout(req.Context(), tt.deadline)
 				defer cancel()
 				req = req.WithContext(ctx)
@@ -511,30 +517,16 @@ func TestMiddlewareTimeout(t *testing.T) {
 			end := time.Now()
 			assert.Equal(t, 503, rec.Code)
 			deadline := <-l.deadline
-			if own, ok := req.Context().Deadline(); ok {
-				assert.Equal(t, own, deadline, "the limiter's deadline is the request's")
-			} else {
-				// Set while ServeHTTP ran, the whole timeout from then.
-				assert.False(t, deadline.Before(begin.Add(tt.want)), "the limiter gets the whole timeout: deadline %v after the request came", deadline.Sub(begin))
-				assert.False(t, deadline.After(end.Add(tt.want)), "and no more: deadline %v after the request came", deadline.Sub(begin))
-			}
+			// Set while ServeHTTP ran, the whole timeout from then.
+			assert.False(t, deadline.Before(begin.Add(tt.want)), "the limiter gets the whole timeout: deadline %v after the request came", deadline.Sub(begin))
+			assert.False(t, deadline.After(end.Add(tt.want)), "and no more: deadline %v after the request came", deadline.Sub(begin))
 			// Generous: only a missing timeout (the test would hang) or a
 			// much longer one must fail here, not a slow machine.
-			assert.Less(t, <-l.waited, tt.want+time.Second, "the limiter is cut off at the timeout")
+			waited := <-l.waited
+			assert.Less(t, waited, tt.want+time.Second, "the limiter is cut off at the timeout")
+			assert.GreaterOrEqual(t, waited, tt.want/2, "the limiter is not cut off by the request's deadline")
 		})
 	}
-	t.Run("WithTimeout(0) leaves only the request's deadline", func(t *testing.T) {
-		l := newSlowLimiter()
-		h := Middleware(l, WithTimeout(0))(ok)
-		ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
-		defer cancel()
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil).WithContext(ctx))
-		assert.Equal(t, 200, rec.Code, "fails open")
-		own, _ := ctx.Deadline()
-		assert.Equal(t, own, <-l.deadline, "no default timeout cut it short")
-		<-l.waited
-	})
 }
 
 // unavailableError is what a limiter with an open circuit breaker returns:
@@ -608,4 +600,40 @@ func TestMiddlewarePlans(t *testing.T) {
 			{header: hdr("c", "gold"), status: 500, want: map[string]string{"RateLimit": ""}},
 		})
 	})
+}
+
+// keyLimit refuses keys longer than 1024 bytes as the redlimit limiters do:
+// ErrInvalidArgument, without a decision.
+type keyLimit struct{ redlimit.Limiter }
+
+func (k keyLimit) AllowN(ctx context.Context, key string, n int) (redlimit.Result, error) {
+	if len(key) > 1024 {
+		return redlimit.Result{}, fmt.Errorf("%w: key of %d bytes: at most 1024", redlimit.ErrInvalidArgument, len(key))
+	}
+	return k.Limiter.AllowN(ctx, key, n)
+}
+
+// A megabyte X-API-Key is the client's error: 400, with fail open or
+// closed, never a request let through and never 500 or 503.
+func TestMiddlewareLongKeyIsBadRequest(t *testing.T) {
+	env := redlimittest.New(t)
+	fw, err := redlimit.NewFixedWindow(env.Client(), 1, time.Minute, env.Options()...)
+	require.NoError(t, err)
+	for _, failClosed := range []bool{false, true} {
+		var told errorLog
+		opts := []Option{WithKeyFunc(Header("X-API-Key")), WithOnError(told.record)}
+		if failClosed {
+			opts = append(opts, WithFailClosed())
+		}
+		h := Middleware(keyLimit{fw}, opts...)(ok)
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set("X-API-Key", strings.Repeat("k", 1<<20))
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		assert.Equal(t, http.StatusBadRequest, rec.Code, "fail closed %v: body %q", failClosed, rec.Body.String())
+		errs := told.take()
+		require.Len(t, errs, 1, "OnError is told")
+		assert.ErrorIs(t, errs[0], redlimit.ErrInvalidArgument)
+		assert.ErrorIs(t, errs[0], ErrKey)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -158,86 +159,212 @@ func readXForwardedFor(r *http.Request, isTrusted func(netip.Addr) bool) (string
 	return client.String(), nil
 }
 
-// readForwarded walks the for= parameters of Forwarded (RFC 7239, every
-// line, in order) right to left.
+// readForwarded walks the for= parameters of Forwarded (RFC 7239) right to
+// left, one header line at a time, last line first. Each line is parsed on
+// its own (parseForwardedLine): a line is never joined to the next, so a
+// client's unclosed quote cannot reach into the element a trusted proxy
+// appends. What a line holds left of a syntax error is unreadable, and
+// reading stops there: the client is then the leftmost address read, and
+// when none was read (the nearest proxy's own element is unreadable) the
+// result is an error.
 func readForwarded(r *http.Request, isTrusted func(netip.Addr) bool) (string, error) {
 	lines := r.Header.Values("Forwarded")
-	if len(lines) == 0 {
-		return "", nil
-	}
-	elements := splitOutsideQuotes(strings.Join(lines, ","), ',')
 	client := ""
-	for i := len(elements) - 1; i >= 0; i-- {
-		node, ok, err := forwardedFor(elements[i])
-		if err != nil {
-			return "", fmt.Errorf("client IP: Forwarded element %q from a trusted proxy: %w", boundQuote(elements[i]), err)
+	for i := len(lines) - 1; i >= 0; i-- {
+		elements, whole := parseForwardedLine(lines[i])
+		for j := len(elements) - 1; j >= 0; j-- {
+			node, ok := elements[j].forNode, elements[j].hasFor
+			if !ok {
+				continue // an element without for=: it says nothing of the client
+			}
+			if node == "unknown" || strings.HasPrefix(node, "_") {
+				// The proxy hid the client on purpose; nothing left of it
+				// can be believed.
+				return node, nil
+			}
+			addr, err := parseAddr(node)
+			if err != nil {
+				return "", fmt.Errorf("client IP: Forwarded for=%q from a trusted proxy: %w", boundQuote(node), err)
+			}
+			client = addr.String()
+			if !isTrusted(addr) {
+				return client, nil
+			}
 		}
-		if !ok {
-			continue // an element without for=: it says nothing of the client
-		}
-		if node == "unknown" || strings.HasPrefix(node, "_") {
-			// The proxy hid the client on purpose; nothing left of it
-			// can be believed.
-			return node, nil
-		}
-		addr, err := parseAddr(node)
-		if err != nil {
-			return "", fmt.Errorf("client IP: Forwarded for=%q from a trusted proxy: %w", boundQuote(node), err)
-		}
-		client = addr.String()
-		if !isTrusted(addr) {
+		if !whole {
+			if client == "" {
+				// The nearest trusted proxy's own element is unreadable:
+				// the chain is misconfigured, and no key can be believed.
+				return "", fmt.Errorf("client IP: Forwarded line %q from a trusted proxy: syntax error at its end", boundQuote(lines[i]))
+			}
 			break
 		}
 	}
 	return client, nil
 }
 
-// forwardedFor returns the value of the for= pair of one Forwarded element,
-// unquoted, and whether it has one.
-func forwardedFor(element string) (string, bool, error) {
-	for _, pair := range splitOutsideQuotes(element, ';') {
-		pair = strings.TrimSpace(pair)
-		if pair == "" {
-			continue
-		}
-		name, value, found := strings.Cut(pair, "=")
-		if !found {
-			return "", false, errors.New("a pair without '='")
-		}
-		if !strings.EqualFold(strings.TrimSpace(name), "for") {
-			continue
-		}
-		value = strings.TrimSpace(value)
-		if strings.HasPrefix(value, `"`) {
-			if len(value) < 2 || !strings.HasSuffix(value, `"`) {
-				return "", false, errors.New("an unterminated quoted string")
-			}
-			value = strings.ReplaceAll(value[1:len(value)-1], `\`, "")
-		}
-		if value == "" {
-			return "", false, errors.New("an empty for=")
-		}
-		return value, true, nil
-	}
-	return "", false, nil
+// forwardedElement is what one Forwarded element says of the client.
+type forwardedElement struct {
+	forNode string // the for= value, unquoted
+	hasFor  bool
 }
 
-// splitOutsideQuotes splits s at sep where sep is not inside a quoted string.
-func splitOutsideQuotes(s string, sep byte) []string {
-	var parts []string
-	start, quoted := 0, false
-	for i := 0; i < len(s); i++ {
-		switch {
-		case s[i] == '\\' && quoted:
-			i++
-		case s[i] == '"':
-			quoted = !quoted
-		case s[i] == sep && !quoted:
-			parts = append(parts, s[start:i])
-			start = i + 1
+// parseForwardedLine parses one Forwarded header line: a comma-separated
+// list (RFC 7230 §7, empty elements allowed) of elements, each pairs
+// token=value (token or quoted-string, RFC 7230 §3.2.6) separated by ';'.
+// whole reports a line that is well-formed throughout. A line that is not
+// yields only the elements after its last syntax error: the longest run of
+// comma-separated parts at its end that each parse as a whole element.
+// That is what a proxy appended to a client's broken line; quoted strings
+// holding commas are lost there, and proxies write none (for=, by=,
+// host= and proto= values never hold one). Work is linear in the line.
+func parseForwardedLine(line string) (elements []forwardedElement, whole bool) {
+	if elements, ok := parseForwardedList(line); ok {
+		return elements, true
+	}
+	parts := strings.Split(line, ",")
+	var tail []forwardedElement
+	for i := len(parts) - 1; i >= 0; i-- {
+		p := forwardedParser{s: parts[i]}
+		p.skipOWS()
+		e, ok := p.element()
+		p.skipOWS()
+		if !ok || !p.done() {
+			break
+		}
+		tail = append(tail, e)
+	}
+	slices.Reverse(tail)
+	return tail, false
+}
+
+// parseForwardedList parses a whole line strictly; ok is false on any
+// syntax error.
+func parseForwardedList(line string) (elements []forwardedElement, ok bool) {
+	p := forwardedParser{s: line}
+	for {
+		p.skipOWS()
+		e, ok := p.element()
+		if !ok {
+			return nil, false
+		}
+		elements = append(elements, e)
+		p.skipOWS()
+		if p.done() {
+			return elements, true
+		}
+		if !p.consume(',') {
+			return nil, false
 		}
 	}
-	return append(parts, s[start:])
+}
+
+// forwardedParser reads a Forwarded line from position pos of s.
+type forwardedParser struct {
+	s   string
+	pos int
+}
+
+func (p *forwardedParser) done() bool { return p.pos == len(p.s) }
+
+func (p *forwardedParser) consume(c byte) bool {
+	if p.pos < len(p.s) && p.s[p.pos] == c {
+		p.pos++
+		return true
+	}
+	return false
+}
+
+func (p *forwardedParser) skipOWS() {
+	for p.pos < len(p.s) && (p.s[p.pos] == ' ' || p.s[p.pos] == '\t') {
+		p.pos++
+	}
+}
+
+// element reads [pair] *(";" [pair]) up to a ',' or the end. A parameter
+// named twice in one element is an error (RFC 7239 §4): which would count?
+func (p *forwardedParser) element() (forwardedElement, bool) {
+	var e forwardedElement
+	for {
+		p.skipOWS()
+		if p.pos < len(p.s) && p.s[p.pos] != ';' && p.s[p.pos] != ',' {
+			name := p.token()
+			if name == "" || !p.consume('=') {
+				return e, false
+			}
+			var value string
+			if p.pos < len(p.s) && p.s[p.pos] == '"' {
+				v, ok := p.quotedString()
+				if !ok {
+					return e, false
+				}
+				value = v
+			} else if value = p.token(); value == "" {
+				return e, false
+			}
+			if strings.EqualFold(name, "for") {
+				if e.hasFor {
+					return e, false
+				}
+				e.forNode, e.hasFor = value, true
+			}
+		}
+		p.skipOWS()
+		if !p.consume(';') {
+			return e, true
+		}
+	}
+}
+
+// token reads an RFC 7230 token; "" when there is none.
+func (p *forwardedParser) token() string {
+	start := p.pos
+	for p.pos < len(p.s) && isTokenChar(p.s[p.pos]) {
+		p.pos++
+	}
+	return p.s[start:p.pos]
+}
+
+// quotedString reads a quoted-string and returns its value with the
+// quoted-pairs undone; ok is false when it is not closed or holds a byte
+// that qdtext and quoted-pair do not allow (controls other than HTAB, DEL).
+func (p *forwardedParser) quotedString() (string, bool) {
+	p.pos++ // the opening quote
+	var b strings.Builder
+	for p.pos < len(p.s) {
+		c := p.s[p.pos]
+		p.pos++
+		switch {
+		case c == '"':
+			return b.String(), true
+		case c == '\\':
+			if p.pos == len(p.s) || !isQuotedTextChar(p.s[p.pos]) && p.s[p.pos] != '"' && p.s[p.pos] != '\\' {
+				return "", false
+			}
+			b.WriteByte(p.s[p.pos])
+			p.pos++
+		case isQuotedTextChar(c):
+			b.WriteByte(c)
+		default:
+			return "", false
+		}
+	}
+	return "", false // unclosed
+}
+
+// isQuotedTextChar reports qdtext: HTAB, SP, visible ASCII but '"' and
+// '\', and obs-text.
+func isQuotedTextChar(c byte) bool {
+	return c == '\t' || c == ' ' || c >= 0x21 && c != '"' && c != '\\' && c != 0x7f
+}
+
+// isTokenChar reports a tchar of RFC 7230 §3.2.6.
+func isTokenChar(c byte) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
 
 // readXRealIP reads the last X-Real-IP line: the one the nearest proxy set.
@@ -284,11 +411,7 @@ func validHeaderName(name string) bool {
 		return false
 	}
 	for i := 0; i < len(name); i++ {
-		c := name[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
+		if !isTokenChar(name[i]) {
 			return false
 		}
 	}

@@ -231,8 +231,9 @@ func TestClientIPErrors(t *testing.T) {
 	}{
 		{name: "bad X-Real-IP", proxies: Proxies{Header: "X-Real-IP", Trusted: proxy}, remote: "10.0.0.1:80", header: "X-Real-IP", value: "example.com", wantErr: `X-Real-IP "example.com" from a trusted proxy: not an IP address`},
 		{name: "bad Forwarded for=", proxies: Proxies{Header: "Forwarded", Trusted: proxy}, remote: "10.0.0.1:80", header: "Forwarded", value: "for=example.com", wantErr: `Forwarded for="example.com"`},
-		{name: "Forwarded pair without =", proxies: Proxies{Header: "Forwarded", Trusted: proxy}, remote: "10.0.0.1:80", header: "Forwarded", value: "for", wantErr: "a pair without '='"},
-		{name: "Forwarded unterminated quote", proxies: Proxies{Header: "Forwarded", Trusted: proxy}, remote: "10.0.0.1:80", header: "Forwarded", value: `for="1.2.3.4`, wantErr: "unterminated"},
+		{name: "Forwarded pair without =", proxies: Proxies{Header: "Forwarded", Trusted: proxy}, remote: "10.0.0.1:80", header: "Forwarded", value: "for", wantErr: "syntax error at its end"},
+		{name: "Forwarded unterminated quote", proxies: Proxies{Header: "Forwarded", Trusted: proxy}, remote: "10.0.0.1:80", header: "Forwarded", value: `for="1.2.3.4`, wantErr: "syntax error at its end"},
+		{name: "Forwarded garbage after the proxy's element", proxies: Proxies{Header: "Forwarded", Trusted: proxy}, remote: "10.0.0.1:80", header: "Forwarded", value: `for=203.0.113.9, for=1.1.1.1;x="`, wantErr: "syntax error at its end"},
 		{name: "long garbage is cut in the message", proxies: Proxies{Header: "X-Real-IP", Trusted: proxy}, remote: "10.0.0.1:80", header: "X-Real-IP", value: strings.Repeat("x", 10000), wantErr: "…"},
 		{name: "unix socket without a header", proxies: Proxies{UnixSocket: true}, remote: "@", wantErr: "trusted unix socket peer sent no X-Forwarded-For"},
 		{name: "unix socket not trusted", proxies: Proxies{Trusted: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}, remote: "@", wantErr: "Proxies.UnixSocket"},

@@ -114,7 +114,7 @@ func newAPI(rdb redis.Scripter, trusted []netip.Prefix, decide time.Duration) (h
 	})
 	// A missing API key is the client's fault: 401, not the default 500.
 	askForKey := httplimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
-		if errors.Is(err, httplimit.ErrKey) {
+		if errors.Is(err, httplimit.ErrMissingKey) {
 			http.Error(w, "X-API-Key required", http.StatusUnauthorized)
 			return
 		}
@@ -144,7 +144,7 @@ func newAPI(rdb redis.Scripter, trusted []netip.Prefix, decide time.Duration) (h
 	mux.Handle("POST /upload", httplimit.Middleware(uploads,
 		httplimit.WithKeyFunc(httplimit.Header("X-API-Key")),
 		askForKey,
-		httplimit.WithCost(func(r *http.Request) int { return int(max(r.ContentLength, 0)) }),
+		httplimit.WithCost(httplimit.BodyCost(1<<20)), // a chunked body is charged the 1 MB it may send
 		httplimit.WithPolicyName("upload"),
 		httplimit.WithQuotaUnit("content-bytes"),
 		httplimit.WithWindow(time.Minute),

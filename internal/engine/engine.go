@@ -38,6 +38,7 @@ type Config struct {
 
 // Event is what the observer is told of one call.
 type Event struct {
+	Ctx     context.Context // the call's, for markers the observer reads (shadow mode)
 	Key     string
 	N       int
 	Reply   Reply
@@ -160,7 +161,7 @@ func (e *Engine) Decide(ctx context.Context, key string, n int) (Reply, error) {
 	}
 	start := time.Now()
 	r, local, err := e.decide(ctx, key, n)
-	e.observe(Event{Key: key, N: n, Reply: r, Err: err, Latency: time.Since(start), Local: local})
+	e.observe(Event{Ctx: ctx, Key: key, N: n, Reply: r, Err: err, Latency: time.Since(start), Local: local})
 	return r, err
 }
 

@@ -1,0 +1,41 @@
+// Package grpclimit rate-limits gRPC servers with any redlimit.Limiter: a
+// unary and a stream server interceptor.
+//
+// For each call the interceptor finds a key (who is limited: the peer's IP
+// address unless WithKeyFunc says otherwise, Metadata for an API key) and
+// asks the limiter for one permit (WithCost for more), and then:
+//
+//   - allowed: the handler runs;
+//   - denied: the call fails with codes.ResourceExhausted and a
+//     google.rpc.RetryInfo detail whose retry_delay is Result.RetryAfter
+//     (left out when the request can never be allowed: RetryAfter ==
+//     redlimit.Never);
+//   - no key (a missing metadata entry), or a key the limiter refuses
+//     (longer than 1024 bytes: redlimit.ErrInvalidArgument):
+//     codes.InvalidArgument, fail open or not; a KeyFunc failure of
+//     another kind: codes.Internal;
+//   - no decision (Redis down, slower than the decision deadline, circuit
+//     breaker open): the handler runs (fail open, the default), or the call
+//     fails with codes.Unavailable (WithFailClosed), with a RetryInfo when
+//     the error says how long the limiter stays unavailable. OnError is
+//     told either way.
+//
+// A stream is limited once, when it opens.
+//
+// # Deadlines
+//
+// The limiter runs under the interceptor's own decision deadline
+// (WithTimeout, 100ms by default), never the call's: a client's
+// grpc-timeout of 200µs neither cuts a decision short (failing the limit
+// open) nor makes a healthy Redis look failed to the limiter's circuit
+// breaker, and a call whose deadline has passed is decided all the same.
+//
+// # Shadow mode
+//
+// WithShadow decides and counts every call, tells observers
+// (Decision.Shadow), OnDenied and OnError as usual, and never fails a
+// call: a new limit can be measured before it is enforced.
+//
+// This package lives in its own module so that redlimit's go.mod stays
+// free of gRPC.
+package grpclimit

@@ -1,0 +1,91 @@
+package httplimit
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/redlimittest"
+)
+
+// onlyReader hides a body's type, so that the client cannot tell its
+// length and sends it chunked.
+type onlyReader struct{ io.Reader }
+
+// A byte budget holds against chunked uploads: once a client has spent its
+// budget, a body of unknown length is charged the stated maximum and
+// denied, and one that is allowed is cut at what it paid.
+func TestBodyCostChunkedUploads(t *testing.T) {
+	env := redlimittest.New(t)
+	// 100 KB per hour per client.
+	l, err := redlimit.NewFixedWindow(env.Client(), 100_000, time.Hour, env.Options()...)
+	require.NoError(t, err)
+	read := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			http.Error(w, "body too large", http.StatusRequestEntityTooLarge)
+			return
+		}
+		io.WriteString(w, strings.Repeat("x", int(n%10))) // say nothing useful; the status is what counts
+	})
+	h := Middleware(l, WithCost(BodyCost(50_000)), WithQuotaUnit("content-bytes"))(read)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+
+	upload := func(body io.Reader) (status int, rateLimit string) {
+		t.Helper()
+		resp, err := srv.Client().Post(srv.URL, "application/octet-stream", body)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode, resp.Header.Get("RateLimit")
+	}
+	chunked := func(size int) io.Reader { return onlyReader{bytes.NewReader(make([]byte, size))} }
+
+	status, rl := upload(chunked(40_000))
+	assert.Equal(t, 200, status, "a chunked upload within the budget")
+	assert.Equal(t, `"default";r=50000;t=3600`, rl, "charged the stated maximum, 50 KB")
+	status, rl = upload(bytes.NewReader(make([]byte, 30_000)))
+	assert.Equal(t, 200, status, "a 30 KB upload with Content-Length")
+	assert.Equal(t, `"default";r=20000;t=3600`, rl, "charged its length")
+	for i := range 4 {
+		status, _ = upload(chunked(40_000))
+		assert.Equal(t, 429, status, "chunked upload %d after the budget is spent", i)
+	}
+	status, _ = upload(bytes.NewReader(make([]byte, 20_000)))
+	assert.Equal(t, 200, status, "what is left is still usable with Content-Length")
+
+	// A chunked body longer than what it paid is cut there.
+	env.Advance(time.Hour)
+	status, _ = upload(chunked(60_000))
+	assert.Equal(t, 413, status, "a chunked body past the maximum cannot be read")
+}
+
+func TestBodyCost(t *testing.T) {
+	cost := BodyCost(1000)
+	for _, tt := range []struct {
+		name string
+		req  *http.Request
+		want int
+	}{
+		{"no body", httptest.NewRequest(http.MethodGet, "/", nil), 0},
+		{"known length", httptest.NewRequest(http.MethodPost, "/", strings.NewReader("12345")), 5},
+		{"known length above the maximum", httptest.NewRequest(http.MethodPost, "/", strings.NewReader(strings.Repeat("x", 5000))), 5000},
+		{"unknown length", httptest.NewRequest(http.MethodPost, "/", onlyReader{strings.NewReader("12345")}), 1000},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, cost(tt.req))
+		})
+	}
+	assert.Panics(t, func() { BodyCost(0) })
+}

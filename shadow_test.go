@@ -1,0 +1,47 @@
+package redlimit
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A call under ShadowContext is decided and counted like any other, and
+// its observer sees Decision.Shadow; other calls do not. Every algorithm,
+// with and without the deny cache, which answers without a round trip.
+func TestObserverSeesShadow(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		var mu sync.Mutex
+		var seen []Decision
+		observe := WithObserver(func(d Decision) {
+			mu.Lock()
+			defer mu.Unlock()
+			seen = append(seen, d)
+		})
+		for _, l := range newLimiters(t, b.rdb, 1, time.Minute, observe, WithDenyCache(10)) {
+			shadow := ShadowContext(context.Background())
+			for i, step := range []struct {
+				ctx                  context.Context
+				wantAllowed, wantLoc bool
+			}{
+				{shadow, true, false},
+				{shadow, false, false}, // counted: the shadow grant took the permit
+				{shadow, false, true},  // the deny cache keeps the mark
+				{context.Background(), false, true},
+			} {
+				seen = nil
+				res, err := l.Allow(step.ctx, "k")
+				require.NoError(t, err)
+				assert.Equal(t, step.wantAllowed, res.Allowed, "%T call %d", l, i)
+				require.Len(t, seen, 1)
+				assert.Equal(t, IsShadow(step.ctx), seen[0].Shadow, "%T call %d: Decision.Shadow", l, i)
+				assert.Equal(t, step.wantLoc, seen[0].Local, "%T call %d: Decision.Local", l, i)
+			}
+		}
+	})
+	assert.False(t, IsShadow(nil), "a nil ctx is not shadow") //nolint:staticcheck // nil on purpose
+}
