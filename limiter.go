@@ -225,6 +225,10 @@ type Decision struct {
 	// Fallback reports a call that Redis could not decide and the
 	// WithFallback limiter did: Result is the fallback's own, Err is nil.
 	Fallback bool
+	// Cause is, with Fallback, the Redis error that sent the call to the
+	// fallback (ErrUnavailable's while the circuit breaker is open); nil
+	// otherwise.
+	Cause error
 }
 
 // limiter is the part every algorithm shares: it turns engine replies into
@@ -331,7 +335,7 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 	}
 	if fn := o.observer; fn != nil {
 		cfg.Observe = func(ev engine.Event) {
-			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.Fallback != nil}
+			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.Fallback != nil, Cause: ev.Reply.Cause}
 			if ev.Err == nil {
 				d.Result = l.result(ev.Reply)
 			}
