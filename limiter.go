@@ -207,6 +207,10 @@ type Decision struct {
 	// Fallback reports a call that Redis could not decide and the
 	// WithFallback limiter did: Result is the fallback's own, Err is nil.
 	Fallback bool
+	// Cause is, with Fallback, the Redis error that sent the call to the
+	// fallback (ErrUnavailable's while the circuit breaker is open); nil
+	// otherwise.
+	Cause error
 	// Shadow reports a call under ShadowContext: decided and counted, never enforced.
 	Shadow bool
 }
@@ -315,7 +319,7 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 	}
 	if fn := o.observer; fn != nil {
 		cfg.Observe = func(ev engine.Event) {
-			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.Fallback != nil, Shadow: IsShadow(ev.Ctx)}
+			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.Fallback != nil, Cause: ev.Reply.Cause, Shadow: IsShadow(ev.Ctx)}
 			if ev.Err == nil {
 				d.Result = l.result(ev.Reply)
 			}

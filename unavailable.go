@@ -150,11 +150,23 @@ func WithoutBreaker() Option {
 	return func(o *options) { o.outage.breaker, o.outage.breakerSet, o.outage.noBreaker = nil, true, true }
 }
 
-// WithFallback makes fallback decide the calls that Redis cannot: while the
-// circuit breaker is open, and when a call fails with a Redis failure (see
-// BreakerConfig). Denials, bad input and a cancelled ctx never reach it. The
-// call then returns the fallback's own Result (and error, if it failed too,
-// the Redis error instead), and observers see Decision.Fallback.
+// WithFallback makes fallback decide every call that Redis, or the link
+// to it, left undecided: while the circuit breaker is open, and whenever a
+// call fails for any reason but the caller's own. The caller's own are bad
+// input (ErrInvalidArgument, never sent), the caller's ctx (cancelled, or
+// its deadline passed, before or during the call) and a key holding a
+// value this library did not write (ErrForeignState); those return their
+// error. Everything else goes to the fallback: a network error, a
+// timeout of the client's own, any error reply (LOADING, OOM, READONLY,
+// ...), a reply that cannot be read. The call then returns the fallback's
+// own Result (or, if the fallback failed too, the Redis error), and
+// observers see Decision.Fallback with the Redis error in Decision.Cause,
+// even while Redis is otherwise up.
+//
+// The fallback decides on this limiter's clock: a WithClock clock is
+// handed to an inmem limiter that was not given its own (inmem.WithClock),
+// so that a fake clock moves both. Without WithClock it decides on
+// time.Now.
 //
 // The fallback is meant to be an in-process limiter of package
 // github.com/redlimit/redlimit/inmem, configured as this instance's share
@@ -200,7 +212,11 @@ func (o outageOptions) configure(algorithm string, rdb redis.Scripter, cfg *engi
 	}
 	cfg.Unavailable = ErrUnavailable
 	if fb := o.fallback; fb != nil {
+		clock := cfg.Clock
 		cfg.Fallback = func(ctx context.Context, key string, n int) (engine.Reply, error) {
+			if clock != nil {
+				ctx = engine.WithLimiterNow(ctx, clock())
+			}
 			r, err := fb.AllowN(ctx, key, n)
 			if err != nil {
 				return engine.Reply{}, err

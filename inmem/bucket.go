@@ -90,7 +90,7 @@ func newBucket(algorithm, field string, capacity int, rate redlimit.Rate, opts [
 	}
 	b := bucket{algorithm: algorithm, per: perUS, count: count, full: int64(capacity) * perUS,
 		window: time.Duration(ceilDiv(int64(capacity)*perUS, count)) * time.Microsecond}
-	b.store = newStore[bucketState](o)
+	b.store = newStore(o, b.used)
 	return b, nil
 }
 
@@ -105,11 +105,11 @@ func gcd(a, b int64) int64 {
 // non-nil only for an empty key or n < 0 (redlimit.ErrInvalidArgument).
 // n == 0 reports the state; n above the capacity is denied with RetryAfter
 // redlimit.Never.
-func (b *bucket) AllowN(_ context.Context, key string, n int) (redlimit.Result, error) {
+func (b *bucket) AllowN(ctx context.Context, key string, n int) (redlimit.Result, error) {
 	if err := checkCall(b.algorithm, key, n); err != nil {
 		return redlimit.Result{}, err
 	}
-	now := b.store.nowUS()
+	now := b.store.nowUS(ctx)
 	sh := b.store.shard(key)
 	sh.mu.Lock()
 	e := sh.m[key]
@@ -117,32 +117,40 @@ func (b *bucket) AllowN(_ context.Context, key string, n int) (redlimit.Result, 
 	if e != nil {
 		s = e.state
 	}
-	r, resetUS := b.decide(&s, now, int64(n))
-	sh.put(key, e, s, now, resetUS)
+	r, resetUS, write := b.decide(&s, now, int64(n))
+	if write {
+		sh.put(b.store, key, e, s, now, resetUS)
+	}
 	sh.mu.Unlock()
 	return r, nil
 }
 
 // levelAt is the level at t: drained since s.atUS, or, when the clock went
-// back, risen by as much, within [0, full].
-func (b *bucket) levelAt(s bucketState, t int64) int64 {
+// back, risen by as much, within [0, full]. clamped reports a level that
+// would pass full: the clock went back by more than the level had drained.
+func (b *bucket) levelAt(s bucketState, t int64) (level int64, clamped bool) {
 	if s.level == 0 {
-		return 0
+		return 0, false
 	}
 	if t >= s.atUS {
 		if d := t - s.atUS; d < ceilDiv(s.level, b.count) {
-			return s.level - d*b.count
+			return s.level - d*b.count, false
 		}
-		return 0
+		return 0, false
 	}
-	if d := s.atUS - t; d < ceilDiv(b.full-s.level, b.count) {
-		return s.level + d*b.count
+	if d := s.atUS - t; d <= (b.full-s.level)/b.count {
+		return s.level + d*b.count, false
 	}
-	return b.full
+	return b.full, true
 }
 
-func (b *bucket) decide(s *bucketState, t, n int64) (redlimit.Result, int64) {
-	level := b.levelAt(*s, t)
+// decide decides at t on s and reports whether s must be stored: after a
+// grant, or when the clock went back so far that the level was cut to
+// full (so that the key is never locked out for longer than a full bucket
+// drains). A denial or n == 0 changes nothing else, as in the scripts: a
+// bucket that drained keeps when it did, should the clock go back before.
+func (b *bucket) decide(s *bucketState, t, n int64) (redlimit.Result, int64, bool) {
+	level, write := b.levelAt(*s, t)
 	need := n * b.per
 	r := redlimit.Result{Limit: int(b.full / b.per)}
 	switch {
@@ -151,6 +159,7 @@ func (b *bucket) decide(s *bucketState, t, n int64) (redlimit.Result, int64) {
 	case level+need <= b.full:
 		r.Allowed = true
 		level += need
+		write = write || n > 0
 	default:
 		r.RetryAfter = microsDuration(ceilDiv(level+need-b.full, b.count))
 	}
@@ -158,7 +167,13 @@ func (b *bucket) decide(s *bucketState, t, n int64) (redlimit.Result, int64) {
 	r.Remaining = int((b.full - level) / b.per)
 	resetUS := ceilDiv(level, b.count)
 	r.ResetAfter = microsDuration(resetUS)
-	return r, resetUS
+	return r, resetUS, write
+}
+
+// used is the share of the bucket s has in use at t.
+func (b *bucket) used(s *bucketState, t int64) float64 {
+	level, _ := b.levelAt(*s, t)
+	return float64(level) / float64(b.full)
 }
 
 // Allow is AllowN(ctx, key, 1).

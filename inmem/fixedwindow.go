@@ -42,7 +42,7 @@ func NewFixedWindow(limit int, window time.Duration, opts ...Option) (*FixedWind
 		return nil, err
 	}
 	l := &FixedWindow{limit: int64(limit), windowUS: windowUS, window: window}
-	l.store = newStore[fixedWindowState](o)
+	l.store = newStore(o, l.used)
 	return l, nil
 }
 
@@ -50,11 +50,11 @@ func NewFixedWindow(limit int, window time.Duration, opts ...Option) (*FixedWind
 // non-nil only for an empty key or n < 0 (redlimit.ErrInvalidArgument).
 // n == 0 reports the state; n above the limit is denied with RetryAfter
 // redlimit.Never.
-func (l *FixedWindow) AllowN(_ context.Context, key string, n int) (redlimit.Result, error) {
+func (l *FixedWindow) AllowN(ctx context.Context, key string, n int) (redlimit.Result, error) {
 	if err := checkCall("fixed_window", key, n); err != nil {
 		return redlimit.Result{}, err
 	}
-	now := l.store.nowUS()
+	now := l.store.nowUS(ctx)
 	sh := l.store.shard(key)
 	sh.mu.Lock()
 	e := sh.m[key]
@@ -62,16 +62,23 @@ func (l *FixedWindow) AllowN(_ context.Context, key string, n int) (redlimit.Res
 	if e != nil {
 		s = e.state
 	}
-	r, resetUS := l.decide(&s, now, int64(n))
-	sh.put(key, e, s, now, resetUS)
+	r, resetUS, write := l.decide(&s, now, int64(n))
+	if write {
+		sh.put(l.store, key, e, s, now, resetUS)
+	}
 	sh.mu.Unlock()
 	return r, nil
 }
 
-func (l *FixedWindow) decide(s *fixedWindowState, t, n int64) (redlimit.Result, int64) {
+// decide decides at t on s and reports whether s must be stored: after a
+// grant, or when the clock went back and the window was cut to its length
+// from t. A denial or n == 0 changes nothing else, as in the script: a
+// window that ended is still there should the clock go back into it.
+func (l *FixedWindow) decide(s *fixedWindowState, t, n int64) (redlimit.Result, int64, bool) {
 	L, W := l.limit, l.windowUS
+	write := false
 	if s.count > 0 && s.endUS > t+W {
-		s.endUS = t + W // the clock went back
+		s.endUS, write = t+W, true // the clock went back
 	}
 	if s.count > 0 && s.endUS <= t {
 		*s = fixedWindowState{}
@@ -84,10 +91,10 @@ func (l *FixedWindow) decide(s *fixedWindowState, t, n int64) (redlimit.Result, 
 	case n == 0:
 		r.Allowed = true
 	case s.count == 0:
-		r.Allowed = true
+		r.Allowed, write = true, true
 		*s = fixedWindowState{count: n, endUS: t + W}
 	case s.count+n <= L:
-		r.Allowed = true
+		r.Allowed, write = true, true
 		s.count += n
 	default:
 		retry = s.endUS - t
@@ -100,7 +107,15 @@ func (l *FixedWindow) decide(s *fixedWindowState, t, n int64) (redlimit.Result, 
 		resetUS = s.endUS - t
 	}
 	r.ResetAfter = microsDuration(resetUS)
-	return r, resetUS
+	return r, resetUS, write
+}
+
+// used is the share of the limit s has in use at t.
+func (l *FixedWindow) used(s *fixedWindowState, t int64) float64 {
+	if s.count == 0 || s.endUS <= t {
+		return 0
+	}
+	return float64(s.count) / float64(l.limit)
 }
 
 // Allow is AllowN(ctx, key, 1).

@@ -1,25 +1,3 @@
-// Package inmem holds in-process rate limiters of the five redlimit
-// algorithms (fixed window, sliding window, sliding log, leaky bucket, token
-// bucket), with exactly the decisions of the Redis scripts: the same
-// Results, to the microsecond, for the same configuration and times. They
-// are tested against the same reference models as the scripts.
-//
-// Use them on their own, where one process is the whole service or in
-// tests, or as the fallback of a Redis limiter (redlimit.WithFallback) that
-// decides while Redis cannot. A fallback decides for this instance alone,
-// so give it this instance's share of the shared limit: see Share and
-// ShareRate.
-//
-//	rdbLimit := 1000 // per minute, for the whole service
-//	instances := 4
-//	fb, _ := inmem.NewSlidingWindow(inmem.Share(rdbLimit, instances), time.Minute, time.Second)
-//	l, _ := redlimit.NewSlidingWindow(rdb, rdbLimit, time.Minute, time.Second, redlimit.WithFallback(fb))
-//
-// Every limiter is safe for concurrent use, holds at most WithMaxKeys keys
-// (a key back in its initial state takes no room) and decides on time.Now
-// unless WithClock gives another clock. Time going backwards never panics,
-// never grants extra permits and never locks a key out for longer than its
-// configuration allows.
 package inmem
 
 import (

@@ -97,26 +97,14 @@ func TestConcurrentGrantsExact(t *testing.T) {
 	}
 }
 
-// TestMemoryBound checks that keys back in their initial state are dropped
-// and that the number of keys held never passes the bound.
+// TestMemoryBound checks that the number of keys held never passes the
+// bound, and that a key whose own decision leaves it initial takes no room.
 func TestMemoryBound(t *testing.T) {
 	ctx := context.Background()
 	clock := &fakeClock{now: epoch}
-	l, err := NewTokenBucket(2, redlimit.PerSecond(1), WithClock(clock.Now))
-	require.NoError(t, err)
-	for i := range 500 {
-		_, err := l.Allow(ctx, fmt.Sprint("k", i))
-		require.NoError(t, err)
-	}
-	require.Equal(t, 500, l.store.len())
-	clock.Advance(time.Second)
-	_, err = l.AllowN(ctx, "k1", 0)
-	require.NoError(t, err)
-	require.Equal(t, 499, l.store.len(), "a key back to full is dropped when seen")
-
 	// The bound is kept per shard: a random seed spreads keys unevenly, so
 	// a shard fills before the whole does.
-	l, err = NewTokenBucket(2, redlimit.PerSecond(1), WithClock(clock.Now), WithMaxKeys(1000))
+	l, err := NewTokenBucket(2, redlimit.PerSecond(1), WithClock(clock.Now), WithMaxKeys(1000))
 	require.NoError(t, err)
 	for i := range 100_000 {
 		_, err := l.Allow(ctx, fmt.Sprint("x", i))
@@ -124,12 +112,89 @@ func TestMemoryBound(t *testing.T) {
 	}
 	require.LessOrEqual(t, l.store.len(), 1024, "at most WithMaxKeys, rounded up to the shards")
 
-	// A key whose state is initial after its own decision takes no room.
 	n, err := NewFixedWindow(5, time.Second, WithClock(clock.Now))
 	require.NoError(t, err)
 	_, err = n.AllowN(ctx, "only-looking", 0)
 	require.NoError(t, err)
 	require.Zero(t, n.store.len())
+}
+
+// TestChurnKeepsDeniedKey is the finding of a client that bought its
+// denied key back by sending new keys until the bound evicted it: a key
+// whose permits are spent is the last to go, for every algorithm, so it
+// stays denied however many keys come after it.
+func TestChurnKeepsDeniedKey(t *testing.T) {
+	ctx := context.Background()
+	strategies := []redlimit.Strategy{{Limit: 10, Window: time.Hour}, {Limit: 20, Window: 2 * time.Hour}}
+	cases := map[string]func(opts ...Option) (redlimit.Limiter, error){
+		"fixed_window": func(opts ...Option) (redlimit.Limiter, error) { return NewFixedWindow(10, time.Hour, opts...) },
+		"sliding_window": func(opts ...Option) (redlimit.Limiter, error) {
+			return NewSlidingWindow(10, time.Hour, time.Minute, opts...)
+		},
+		"sliding_log": func(opts ...Option) (redlimit.Limiter, error) {
+			return NewSlidingLog(time.Minute, strategies, opts...)
+		},
+		"leaky_bucket": func(opts ...Option) (redlimit.Limiter, error) {
+			return NewLeakyBucket(10, redlimit.PerHour(10), opts...)
+		},
+		"token_bucket": func(opts ...Option) (redlimit.Limiter, error) {
+			return NewTokenBucket(10, redlimit.PerHour(10), opts...)
+		},
+	}
+	for name, make := range cases {
+		for _, maxKeys := range []int{20, 1000} {
+			t.Run(fmt.Sprintf("%s/max%d", name, maxKeys), func(t *testing.T) {
+				clock := &fakeClock{now: epoch}
+				l, err := make(WithClock(clock.Now), WithMaxKeys(maxKeys))
+				require.NoError(t, err)
+				granted := 0
+				for range 11 {
+					if r, err := l.Allow(ctx, "A"); err == nil && r.Allowed {
+						granted++
+					}
+				}
+				require.Equal(t, 10, granted, "key A gets its 10 per hour")
+				for i := range 5 * maxKeys {
+					clock.Advance(time.Millisecond)
+					r, err := l.Allow(ctx, fmt.Sprint("new-", i))
+					require.NoError(t, err)
+					require.True(t, r.Allowed, "new key %d", i)
+					if i%maxKeys == 0 {
+						r, err := l.Allow(ctx, "A")
+						require.NoError(t, err)
+						require.False(t, r.Allowed, "key A after %d new keys (bound %d): still denied: %+v", i+1, maxKeys, r)
+					}
+				}
+				r, err := l.Allow(ctx, "A")
+				require.NoError(t, err)
+				require.False(t, r.Allowed, "key A after %d new keys (bound %d): still denied: %+v", 5*maxKeys, maxKeys, r)
+			})
+		}
+	}
+}
+
+// TestEvictsInitialFirst: when room is needed, keys back in their initial
+// state go before any key in use.
+func TestEvictsInitialFirst(t *testing.T) {
+	ctx := context.Background()
+	clock := &fakeClock{now: epoch}
+	l, err := NewFixedWindow(2, time.Second, WithClock(clock.Now), WithMaxKeys(16))
+	require.NoError(t, err)
+	for i := range 15 {
+		_, err := l.Allow(ctx, fmt.Sprint("old-", i))
+		require.NoError(t, err)
+	}
+	clock.Advance(time.Second) // every old key's window ends
+	_, err = l.Allow(ctx, "kept")
+	require.NoError(t, err)
+	for i := range 15 {
+		_, err := l.Allow(ctx, fmt.Sprint("new-", i))
+		require.NoError(t, err)
+	}
+	require.LessOrEqual(t, l.store.len(), 16)
+	r, err := l.AllowN(ctx, "kept", 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, r.Remaining, "the key in use kept its state while ended windows made room")
 }
 
 func TestInvalid(t *testing.T) {

@@ -106,7 +106,7 @@ func newLog(algorithm string, precision time.Duration, strategies []redlimit.Str
 	if err != nil {
 		return log{}, err
 	}
-	l.store = newStore[logState](o)
+	l.store = newStore(o, l.used)
 	return l, nil
 }
 
@@ -114,11 +114,11 @@ func newLog(algorithm string, precision time.Duration, strategies []redlimit.Str
 // err is non-nil only for an empty key or n < 0
 // (redlimit.ErrInvalidArgument). n == 0 reports the state; n above the
 // smallest limit is denied with RetryAfter redlimit.Never.
-func (l *log) AllowN(_ context.Context, key string, n int) (redlimit.Result, error) {
+func (l *log) AllowN(ctx context.Context, key string, n int) (redlimit.Result, error) {
 	if err := checkCall(l.algorithm, key, n); err != nil {
 		return redlimit.Result{}, err
 	}
-	now := l.store.nowUS()
+	now := l.store.nowUS(ctx)
 	sh := l.store.shard(key)
 	sh.mu.Lock()
 	e := sh.m[key]
@@ -139,7 +139,7 @@ func (l *log) AllowN(_ context.Context, key string, n int) (redlimit.Result, err
 		// The state escapes to the store: give it its own arrays.
 		s.cursor, s.total = slices.Clone(s.cursor), slices.Clone(s.total)
 	}
-	sh.put(key, e, s, now, resetUS)
+	sh.put(l.store, key, e, s, now, resetUS)
 	sh.mu.Unlock()
 	return r, nil
 }
@@ -261,6 +261,17 @@ func (l *log) decide(s *logState, t, n int64) (redlimit.Result, int64) {
 	}
 	r.ResetAfter = microsDuration(resetUS)
 	return r, resetUS
+}
+
+// used is the largest share of a strategy's limit s has in use, as of its
+// last decision: buckets that left a window since still count, so that a
+// key is never taken for nearer its initial state than it is.
+func (l *log) used(s *logState, _ int64) float64 {
+	most := 0.0
+	for i, total := range s.total {
+		most = max(most, float64(total)/float64(l.limits[i]))
+	}
+	return most
 }
 
 // Allow is AllowN(ctx, key, 1).

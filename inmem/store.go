@@ -1,18 +1,30 @@
 package inmem
 
 import (
+	"context"
 	"hash/maphash"
 	"sync"
 	"time"
+
+	"github.com/redlimit/redlimit/internal/engine"
 )
 
 // DefaultMaxKeys is the number of keys a limiter holds at most unless
 // WithMaxKeys says otherwise.
 const DefaultMaxKeys = 100_000
 
-// shards spreads keys over independent locks, so that goroutines deciding
-// different keys rarely wait for each other.
-const shards = 64
+// maxShards spreads keys over independent locks, so that goroutines
+// deciding different keys rarely wait for each other; a small bound gets
+// fewer shards, so that each still holds enough keys to choose among when
+// room is needed.
+const (
+	maxShards    = 64
+	minShardKeys = 16
+)
+
+// sample is the number of keys looked at to make room for a new one: a
+// bounded cost per call, whatever the number of keys.
+const sample = 8
 
 // Option configures an in-process limiter.
 type Option func(*options)
@@ -22,8 +34,10 @@ type options struct {
 	maxKeys int
 }
 
-// WithClock makes the limiter decide on now instead of time.Now: for tests
-// with a fake clock. A nil clock is ErrInvalidConfig.
+// WithClock makes the limiter decide on now, for tests with a fake clock.
+// Without it the limiter decides on time.Now, or, as the fallback of a
+// redlimit limiter built with redlimit.WithClock, on that limiter's clock.
+// A nil clock is ErrInvalidConfig.
 func WithClock(now func() time.Time) Option {
 	return func(o *options) {
 		o.now = now
@@ -35,14 +49,15 @@ func WithClock(now func() time.Time) Option {
 
 // WithMaxKeys bounds the number of keys the limiter holds (default
 // DefaultMaxKeys; a fixed window or bucket key costs about 100-150 bytes
-// with the key's string, a sliding key more per nonempty bucket). A key is
-// dropped as soon as a decision leaves it in its initial state; one that
-// gets there with time alone stays until seen again or until room is
-// needed. The bound is kept per shard (64 of them, each holding
-// maxKeys/64 rounded up): when a shard is full, a new key first drops the
-// sampled keys back in their initial state, else the sampled key nearest to
-// it, which then starts afresh, as after a Reset. maxKeys < 1 is
-// ErrInvalidConfig.
+// with the key's string, a sliding key more per nonempty bucket). The
+// bound is kept per shard (up to 64 of them, each holding at least 16
+// keys, the bound divided among them rounded up). When a shard is full, a
+// new key makes room: among a sample of 8 of the shard's keys, those back
+// in their initial state go, else the one nearest to it (the smallest
+// share of its limit in use, then the soonest reset), which then starts
+// afresh as after a Reset. A key whose permits are spent is thus the last
+// to go, and a client cannot buy its denied key back by sending new keys.
+// maxKeys < 1 is ErrInvalidConfig.
 func WithMaxKeys(maxKeys int) Option {
 	return func(o *options) { o.maxKeys = maxKeys }
 }
@@ -62,19 +77,24 @@ type shard[S any] struct {
 
 // store holds the keys of one limiter.
 type store[S any] struct {
-	seed   maphash.Seed
-	now    func() time.Time
-	shards [shards]shard[S]
+	seed maphash.Seed
+	// now is WithClock's clock; nil: the clock a redlimit limiter hands its
+	// fallback, else time.Now.
+	now func() time.Time
+	// used is the share of its limit a key's state has in use at a time,
+	// between 0 (initial) and 1 (or more): what eviction goes by.
+	used   func(s *S, nowUS int64) float64
+	shards []shard[S]
 }
 
-func newStore[S any](o options) *store[S] {
-	st := &store[S]{}
-	st.seed = maphash.MakeSeed()
-	st.now = o.now
-	if st.now == nil {
-		st.now = time.Now
+func newStore[S any](o options, used func(s *S, nowUS int64) float64) *store[S] {
+	st := &store[S]{seed: maphash.MakeSeed(), now: o.now, used: used}
+	n := 1 // a power of two up to maxShards, each shard minShardKeys or more
+	for n*2 <= maxShards && n*2*minShardKeys <= o.maxKeys {
+		n *= 2
 	}
-	perShard := max(1, (o.maxKeys+shards-1)/shards)
+	st.shards = make([]shard[S], n)
+	perShard := (o.maxKeys + n - 1) / n
 	for i := range st.shards {
 		st.shards[i].max = perShard
 		st.shards[i].m = make(map[string]*entry[S])
@@ -83,16 +103,28 @@ func newStore[S any](o options) *store[S] {
 }
 
 func (st *store[S]) shard(key string) *shard[S] {
-	return &st.shards[maphash.String(st.seed, key)%shards]
+	return &st.shards[maphash.String(st.seed, key)%uint64(len(st.shards))]
 }
 
-// nowUS is the limiter's clock in Unix µs.
-func (st *store[S]) nowUS() int64 { return st.now().UnixMicro() }
+// nowUS is the limiter's clock in Unix µs: its own (WithClock), else the
+// one of the redlimit limiter whose fallback it is deciding for, else
+// time.Now.
+func (st *store[S]) nowUS(ctx context.Context) int64 {
+	if st.now != nil {
+		return st.now().UnixMicro()
+	}
+	if ctx != nil {
+		if now, ok := engine.LimiterNow(ctx); ok {
+			return now.UnixMicro()
+		}
+	}
+	return time.Now().UnixMicro()
+}
 
-// put stores state for key after a decision at nowUS: dropped when
-// resetUS == 0 (the state is initial again), updated in e when the key was
-// there, added otherwise. The caller holds sh.mu.
-func (sh *shard[S]) put(key string, e *entry[S], state S, nowUS, resetUS int64) {
+// put stores state for key after a decision at nowUS that changed it:
+// dropped when resetUS == 0 (the state is initial again), updated in e
+// when the key was there, added otherwise. The caller holds sh.mu.
+func (sh *shard[S]) put(st *store[S], key string, e *entry[S], state S, nowUS, resetUS int64) {
 	switch {
 	case resetUS == 0:
 		if e != nil {
@@ -102,24 +134,30 @@ func (sh *shard[S]) put(key string, e *entry[S], state S, nowUS, resetUS int64) 
 		e.state, e.expiresUS = state, nowUS+resetUS
 	default:
 		if len(sh.m) >= sh.max {
-			sh.evict(nowUS)
+			sh.evict(st, nowUS)
 		}
 		sh.m[key] = &entry[S]{state: state, expiresUS: nowUS + resetUS}
 	}
 }
 
 // evict makes room for one key: it drops every sampled key whose state is
-// back to initial, or else the sampled key that gets there first.
-func (sh *shard[S]) evict(nowUS int64) {
-	const sample = 8
+// back to initial, or else the sampled key nearest to it: the smallest
+// share of its limit in use, then the soonest back to initial. A key
+// whose permits are spent goes last, so that new keys never buy it back.
+func (sh *shard[S]) evict(st *store[S], nowUS int64) {
 	var victim string
-	victimAt, seen, dropped := int64(0), 0, false
+	var victimUsed float64
+	var victimAt int64
+	seen, dropped := 0, false
 	for k, e := range sh.m { // map order is random: a sample
 		if e.expiresUS <= nowUS {
 			delete(sh.m, k)
 			dropped = true
-		} else if seen == 0 || e.expiresUS < victimAt {
-			victim, victimAt = k, e.expiresUS
+		} else if !dropped {
+			used := st.used(&e.state, nowUS)
+			if seen == 0 || used < victimUsed || used == victimUsed && e.expiresUS < victimAt {
+				victim, victimUsed, victimAt = k, used, e.expiresUS
+			}
 		}
 		if seen++; seen >= sample {
 			break
@@ -138,7 +176,7 @@ func (st *store[S]) reset(key string) {
 	sh.mu.Unlock()
 }
 
-// Len returns the number of keys held, for tests.
+// len returns the number of keys held, for tests.
 func (st *store[S]) len() int {
 	total := 0
 	for i := range st.shards {

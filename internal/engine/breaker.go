@@ -322,24 +322,21 @@ func withCtxErr(ctx context.Context, err error) error {
 	return err
 }
 
-// fallback lets Config.Fallback decide a call that Redis could not: the
-// breaker was open, or the round trip failed (Classify). It reports false,
-// and the caller returns err, when there is no fallback, when err says
-// nothing about Redis (the caller's ctx, an error reply about the request),
-// or when the fallback failed too.
+// fallback lets Config.Fallback decide a call that Redis, or the link to
+// it, left undecided (redisFailure): the breaker was open, the round trip
+// failed, or the server refused it. It reports false, and the caller
+// returns err, when there is no fallback, when err is the caller's own (its
+// ctx, a foreign value at the key), or when the fallback failed too. The
+// Reply's Cause is the Redis error, as the caller would have seen it.
 func (e *Engine) fallback(ctx context.Context, key string, n int, err error) (Reply, bool) {
-	if e.fallbackFn == nil {
-		return Reply{}, false
-	}
-	var unavailable *UnavailableError
-	var early doneBeforeCall
-	if errors.As(err, &early) || !errors.As(err, &unavailable) && Classify(ctx, err) != failed {
+	if e.fallbackFn == nil || !redisFailure(ctx, err) {
 		return Reply{}, false
 	}
 	r, fbErr := e.fallbackFn(ctx, key, n)
 	if fbErr != nil {
 		return Reply{}, false
 	}
+	r.Cause = e.redisError(ctx, key, "", err)
 	return r, true
 }
 

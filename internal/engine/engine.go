@@ -211,6 +211,10 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 		err = fmt.Errorf("script reply names strategy %d of %d", r.Strategy, e.policies)
 	}
 	if err != nil {
+		// A reply no decision can be read from: Redis's, like a failure.
+		if r, ok := e.fallback(ctx, key, n, err); ok {
+			return r, false, nil
+		}
 		return Reply{}, false, fmt.Errorf("redlimit: %s: %w", e.algorithm, err)
 	}
 	if e.cache != nil {

@@ -28,6 +28,8 @@ type Reply struct {
 	// Fallback is non-nil when Config.Fallback decided instead of Redis: its
 	// own result, for the caller to report as it is.
 	Fallback any
+	// Cause is, with Fallback, the Redis error that sent the call there.
+	Cause error
 }
 
 // replyFields is the number of integers every script returns:

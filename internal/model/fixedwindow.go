@@ -66,3 +66,9 @@ func (m *FixedWindow) Step(nowUS int64, n int64) Result {
 	}
 	return res
 }
+
+// Clone returns an independent copy of m.
+func (m *FixedWindow) Clone() Model {
+	c := *m
+	return &c
+}

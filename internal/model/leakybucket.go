@@ -76,3 +76,10 @@ func (m *LeakyBucket) Step(nowUS int64, n int64) Result {
 	res.ResetAfterUS = ceilRat(new(big.Rat).Quo(level, m.rate))
 	return res
 }
+
+// Clone returns an independent copy of m (its numbers are never changed in
+// place, so they are shared).
+func (m *LeakyBucket) Clone() Model {
+	c := *m
+	return &c
+}

@@ -54,6 +54,9 @@ type Model interface {
 	Step(nowUS int64, n int64) Result
 	// Reset forgets all state, returning the model to its initial state.
 	Reset()
+	// Clone returns an independent copy: stepping the copy shows what a
+	// call would decide without changing the model.
+	Clone() Model
 }
 
 var (
@@ -176,4 +179,13 @@ func (bs buckets) resetAfter(nb, p, t int64) int64 {
 	idx := bs.indices()
 	newest := idx[len(idx)-1]
 	return (newest+nb)*p - t
+}
+
+// clone returns a copy of bs.
+func (bs buckets) clone() buckets {
+	c := make(buckets, len(bs))
+	for k, v := range bs {
+		c[k] = v
+	}
+	return c
 }

@@ -108,3 +108,10 @@ func (m *SlidingLog) Step(nowUS int64, n int64) Result {
 	res.ResetAfterUS = m.buckets.resetAfter(m.nbMax, P, t)
 	return res
 }
+
+// Clone returns an independent copy of m.
+func (m *SlidingLog) Clone() Model {
+	c := *m
+	c.buckets = m.buckets.clone()
+	return &c
+}

@@ -62,3 +62,10 @@ func (m *SlidingWindow) Step(nowUS int64, n int64) Result {
 	res.ResetAfterUS = m.buckets.resetAfter(N, P, t)
 	return res
 }
+
+// Clone returns an independent copy of m.
+func (m *SlidingWindow) Clone() Model {
+	c := *m
+	c.buckets = m.buckets.clone()
+	return &c
+}

@@ -78,3 +78,10 @@ func (m *TokenBucket) Step(nowUS int64, n int64) Result {
 	res.ResetAfterUS = ceilRat(missing.Quo(missing, m.rate))
 	return res
 }
+
+// Clone returns an independent copy of m (its numbers are never changed in
+// place, so they are shared).
+func (m *TokenBucket) Clone() Model {
+	c := *m
+	return &c
+}
