@@ -85,9 +85,9 @@ var (
 	// precision, rate or option. The message names the field and the value.
 	// A limiter not made by its constructor (a zero value) returns it too.
 	ErrInvalidConfig = errors.New("redlimit: invalid configuration")
-	// ErrInvalidArgument is matched by call errors: an empty key, n < 0, a
-	// nil ctx, or a WithClock clock outside 2001-2112. Such calls never
-	// reach Redis.
+	// ErrInvalidArgument is matched by call errors: an empty key or one
+	// longer than MaxKeyBytes, n < 0, a nil ctx, or a WithClock clock
+	// outside 2001-2112. Such calls never reach Redis.
 	ErrInvalidArgument = errors.New("redlimit: invalid argument")
 	// ErrForeignState is matched by the error of a call on a key that holds
 	// a value this library did not write (another type, another
@@ -113,15 +113,26 @@ type ViolationStrategyError struct {
 }
 
 // Error says which strategy denied and how long to wait.
+// A Window of 0 (unknown) is left out rather than shown as "per 0s".
 func (e *ViolationStrategyError) Error() string {
-	if e.RetryAfter == Never {
-		return fmt.Sprintf("redlimit: rate limit exceeded: %d per %v, request larger than the limit", e.Limit, e.Window)
+	limit := fmt.Sprintf("limit %d", e.Limit)
+	if e.Window > 0 {
+		limit = fmt.Sprintf("%d per %v", e.Limit, e.Window)
 	}
-	return fmt.Sprintf("redlimit: rate limit exceeded: %d per %v, retry after %v", e.Limit, e.Window, e.RetryAfter)
+	if e.RetryAfter == Never {
+		return fmt.Sprintf("redlimit: rate limit exceeded: %s, request larger than the limit", limit)
+	}
+	return fmt.Sprintf("redlimit: rate limit exceeded: %s, retry after %v", limit, e.RetryAfter)
 }
 
 // Unwrap makes errors.Is(err, ErrAcquireFailed) hold.
 func (e *ViolationStrategyError) Unwrap() error { return ErrAcquireFailed }
+
+// MaxKeyBytes is the longest key a call takes, in bytes, not counting the
+// prefix: a key is 1 to 1024 bytes, and an empty or longer one is
+// ErrInvalidArgument without a round trip, so that a client who chooses
+// its key (an API key header, a path) cannot fill Redis with large keys.
+const MaxKeyBytes = engine.MaxKeyBytes
 
 // Strategy is one limit of a SlidingLog: at most Limit permits in any Window.
 type Strategy struct {
@@ -144,6 +155,9 @@ func PerMinute(n int) Rate { return Rate{Count: n, Per: time.Minute} }
 
 // PerHour returns the rate of n events per hour.
 func PerHour(n int) Rate { return Rate{Count: n, Per: time.Hour} }
+
+// PerDay returns the rate of n events per 24 hours.
+func PerDay(n int) Rate { return Rate{Count: n, Per: 24 * time.Hour} }
 
 // Option configures a limiter.
 type Option func(*options)
@@ -239,6 +253,9 @@ type limiter struct {
 	fallback Limiter
 	// prefix is the Redis key prefix: WithPrefix's, or the default.
 	prefix string
+	// nilType and nilConstructor name the type and its constructor when
+	// this stands for a nil *FixedWindow, *TokenBucket, ... (methods.go).
+	nilType, nilConstructor string
 }
 
 // spec is what an algorithm's constructor hands newLimiter.
@@ -370,7 +387,8 @@ func (l *limiter) result(r engine.Reply) Result {
 // TryAcquire takes one permit for key. It returns nil when allowed, a
 // *ViolationStrategyError naming the limit that denied when denied (it
 // matches ErrAcquireFailed), and any other error when no decision was made
-// (Redis unreachable, ctx done, empty key).
+// (Redis unreachable, ctx done, a key that is empty or longer than
+// MaxKeyBytes).
 func (l *limiter) TryAcquire(ctx context.Context, key string) error {
 	if err := l.built(); err != nil {
 		return err
@@ -391,10 +409,24 @@ func (l *limiter) TryAcquire(ctx context.Context, key string) error {
 // built returns an error for a limiter that no constructor made: a zero
 // FixedWindow, TokenBucket, ... has no Redis client to ask.
 func (l *limiter) built() error {
+	if l.nilType != "" {
+		return engine.Errorf(ErrInvalidConfig, "redlimit: nil *%s: make it with %s and check the error it returns", l.nilType, l.nilConstructor)
+	}
 	if l.engine == nil {
 		return engine.Errorf(ErrInvalidConfig, "redlimit: limiter is a zero value: make it with its constructor (NewFixedWindow, NewSlidingWindow, NewSlidingLog, NewLeakyBucket or NewTokenBucket)")
 	}
 	return nil
+}
+
+// windowOf returns the Window of this limiter's limit of size limit, or 0
+// when it has none of that size (a fallback's share).
+func (l *limiter) windowOf(limit int) time.Duration {
+	for i, own := range l.limits {
+		if own == limit {
+			return l.windows[i]
+		}
+	}
+	return 0
 }
 
 // RedisKey returns the Redis key that holds key's state: the limiter's
@@ -409,8 +441,9 @@ func (l *limiter) Allow(ctx context.Context, key string) (Result, error) {
 
 // AllowN takes n permits for key if all n are available, else none. The
 // decision is in Result.Allowed; err is non-nil only when no decision was
-// made: Redis failed, ctx ended, or the arguments are invalid (an empty key
-// or n < 0: ErrInvalidArgument, without a round trip). n == 0 reports the
+// made: Redis failed, ctx ended, or the arguments are invalid (a key that
+// is empty or longer than MaxKeyBytes, or n < 0: ErrInvalidArgument,
+// without a round trip). n == 0 reports the
 // current state and consumes nothing. n above the capacity is denied with
 // RetryAfter == Never.
 func (l *limiter) AllowN(ctx context.Context, key string, n int) (Result, error) {
@@ -425,6 +458,7 @@ func (l *limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 }
 
 // Reset forgets all state of key, in Redis and in this limiter's deny cache.
+// A key that is empty or longer than MaxKeyBytes is ErrInvalidArgument.
 func (l *limiter) Reset(ctx context.Context, key string) error {
 	if err := l.built(); err != nil {
 		return err
