@@ -56,6 +56,9 @@ type BreakerConfig struct {
 	Cooldown time.Duration // how long it stays open before a probe
 	OnChange func(BreakerChange)
 	Now      func() time.Time // nil: time.Now
+	// MinDeadline is the shortest ctx deadline whose passing mid-call
+	// counts as a failure: see countsAsFailure.
+	MinDeadline time.Duration
 }
 
 // internal states: halfOpenIdle is half-open with no probe in flight (the
@@ -269,6 +272,33 @@ func Classify(ctx context.Context, err error) outcome {
 	return failed
 }
 
+// classify is Classify for this breaker, which hears only what shows that
+// Redis is unhealthy, never what the caller chose. A call that Classify
+// calls failed is neutral instead when its own ctx deadline ended it (the
+// deadline had passed when the call returned) and that deadline left the
+// call less than MinDeadline when it started: a healthy Redis could not
+// have been expected to answer in time, so the failure is the caller's
+// (a gRPC client's grpc-timeout of 200µs, a header-derived deadline). Such
+// callers, however many, cannot open the breaker for the others. A paused
+// Redis or a link that drops replies is still seen, by the calls with
+// deadlines of MinDeadline or more, and by calls without a deadline, which
+// end at the client's ReadTimeout; a refused or reset connection counts
+// whatever the deadline, since it says nothing about the caller.
+func (b *Breaker) classify(ctx context.Context, err error, start time.Time) outcome {
+	o := Classify(ctx, err)
+	if o != failed {
+		return o
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok || deadline.Sub(start) >= b.cfg.MinDeadline {
+		return o
+	}
+	if ctx.Err() != nil || !time.Now().Before(deadline) {
+		return neutral
+	}
+	return o
+}
+
 // unavailableReplies are the error replies of a server that cannot serve
 // any request right now.
 // OOM and READONLY are not among them: such a server still decides
@@ -297,9 +327,10 @@ func (e *Engine) guardedRun(ctx context.Context, key string, nowArg any, n int) 
 	if err != nil {
 		return "", err
 	}
+	start := time.Now()
 	text, err := e.runWithin(ctx, key, nowArg, n)
 	if err != nil {
-		e.breaker.record(probe, Classify(ctx, err), withCtxErr(ctx, err))
+		e.breaker.record(probe, e.breaker.classify(ctx, err, start), withCtxErr(ctx, err))
 	} else {
 		e.breaker.record(probe, answered, nil)
 	}

@@ -233,3 +233,41 @@ func BenchmarkBreakerOpen(b *testing.B) {
 		}
 	})
 }
+
+// A call cut short by its own ctx deadline counts as a failure only when
+// that deadline left it at least MinDeadline; an error that is not the
+// deadline's counts whatever the deadline.
+func TestBreakerClassifyCallersDeadline(t *testing.T) {
+	b := NewBreaker(BreakerConfig{Failures: 1, Cooldown: time.Second, MinDeadline: 20 * time.Millisecond})
+	timeout := fmt.Errorf("read: %w", os.ErrDeadlineExceeded)
+	for _, tc := range []struct {
+		name   string
+		left   time.Duration // until the deadline, when the call returns (negative: passed); 0: no deadline
+		budget time.Duration // the deadline's distance from the call's start
+		err    error
+		want   outcome
+	}{
+		{"150µs deadline passed: the caller's", -time.Microsecond, 150 * time.Microsecond, timeout, neutral},
+		{"1.5ms deadline passed, ctx error", -time.Millisecond, 1500 * time.Microsecond, context.DeadlineExceeded, neutral},
+		{"19ms deadline passed", -time.Microsecond, 19 * time.Millisecond, timeout, neutral},
+		{"20ms deadline passed: Redis's", -time.Microsecond, 20 * time.Millisecond, timeout, failed},
+		{"1s deadline passed: Redis's", -time.Microsecond, time.Second, context.DeadlineExceeded, failed},
+		{"1ms deadline, refused before it: Redis's", time.Hour, 1 * time.Millisecond, errRefused, failed},
+		{"1ms deadline, i/o timeout before it: Redis's", time.Hour, 1 * time.Millisecond, timeout, failed},
+		{"no deadline, i/o timeout (ReadTimeout): Redis's", 0, 0, timeout, failed},
+		{"1ms deadline, answered", -time.Microsecond, time.Millisecond, nil, answered},
+		{"1ms deadline, error reply about the request", -time.Microsecond, time.Millisecond, redisError("ERR user_script:1: bad"), answered},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, start := context.Background(), time.Now()
+			if tc.left != 0 {
+				deadline := time.Now().Add(tc.left)
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithDeadline(ctx, deadline)
+				defer cancel()
+				start = deadline.Add(-tc.budget)
+			}
+			require.Equal(t, tc.want, b.classify(ctx, tc.err, start))
+		})
+	}
+}
