@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"sync"
@@ -268,6 +269,39 @@ func TestBreakerClassifyCallersDeadline(t *testing.T) {
 				start = deadline.Add(-tc.budget)
 			}
 			require.Equal(t, tc.want, b.classify(ctx, tc.err, start))
+		})
+	}
+}
+
+// clientBound says how long a client may hold a call past its ctx's
+// deadline: runWithin watches the ctx itself only when a deadline is
+// sooner than that.
+func TestClientBound(t *testing.T) {
+	client := func(o *redis.Options) *redis.Client {
+		o.Addr = "127.0.0.1:1"
+		c := redis.NewClient(o)
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	ap, err := client(&redis.Options{ContextTimeoutEnabled: true}).AutoPipeline()
+	require.NoError(t, err)
+	unbounded := time.Duration(math.MaxInt64)
+	for _, tc := range []struct {
+		name string
+		rdb  redis.Scripter
+		want time.Duration
+	}{
+		{"ContextTimeoutEnabled", client(&redis.Options{ContextTimeoutEnabled: true}), 0},
+		{"go-redis defaults: 4 tries of 5s writes and reads, 1s backoffs", client(&redis.Options{}), 2 * 4 * (10*time.Second + time.Second)},
+		{"one try of 500ms", client(&redis.Options{MaxRetries: -1, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond, MaxRetryBackoff: -1}), 2 * time.Second},
+		{"ReadTimeout -1: none", client(&redis.Options{ReadTimeout: -1}), unbounded},
+		{"ReadTimeout -2: no deadlines", client(&redis.Options{ReadTimeout: -2}), unbounded},
+		{"AutoPipeliner", ap, unbounded},
+		{"cluster without the option", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}}), unbounded},
+		{"cluster with it", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true}), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, clientBound(tc.rdb))
 		})
 	}
 }

@@ -69,6 +69,7 @@ type Engine struct {
 	clock     func() time.Time
 	cache     *denyCache
 	observe   func(Event)
+	bound     time.Duration // clientBound(rdb): see runWithin
 
 	breaker             *Breaker
 	unavailableSentinel error
@@ -89,6 +90,7 @@ func New(rdb redis.Scripter, cfg Config) *Engine {
 		log:       cfg.Log,
 		clock:     cfg.Clock,
 		observe:   cfg.Observe,
+		bound:     clientBound(rdb),
 
 		breaker:             cfg.Breaker,
 		unavailableSentinel: cfg.Unavailable,
