@@ -151,3 +151,30 @@ func TestPerDay(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, Rate{Count: 7, Per: 24 * time.Hour}, PerDay(7))
 }
+
+// One observer tells a service's limiters apart by their WithName names.
+func TestWithName(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	rdb := newMiniClient(t, m)
+	ctx := context.Background()
+	var seen []string
+	observe := WithObserver(func(d Decision) { seen = append(seen, d.Limiter+"/"+d.Algorithm) })
+	login, err := NewFixedWindow(rdb, 1, time.Minute, observe, WithName("login"))
+	require.NoError(t, err)
+	api, err := NewTokenBucket(rdb, 1, PerSecond(1), WithName("api"), observe, WithDenyCache(8))
+	require.NoError(t, err)
+	unnamed, err := NewLeakyBucket(rdb, 1, PerSecond(1), observe)
+	require.NoError(t, err)
+	require.NoError(t, login.TryAcquire(ctx, "k"))
+	require.NoError(t, api.TryAcquire(ctx, "k"))
+	require.ErrorIs(t, api.TryAcquire(ctx, "k"), ErrAcquireFailed)
+	require.ErrorIs(t, api.TryAcquire(ctx, "k"), ErrAcquireFailed) // the deny cache's
+	_, err = login.Allow(ctx, "")
+	require.Error(t, err)
+	require.NoError(t, unnamed.TryAcquire(ctx, "k"))
+	require.Equal(t, []string{
+		"login/fixed_window", "api/token_bucket", "api/token_bucket", "api/token_bucket",
+		"login/fixed_window", "/leaky_bucket",
+	}, seen, "every decision, errors and deny-cache answers included, carries its limiter's name")
+}

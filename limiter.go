@@ -170,6 +170,7 @@ type options struct {
 	denyCache    int
 	denyCacheSet bool
 	observer     func(Decision)
+	name         string
 	outage       outageOptions // unavailable.go
 }
 
@@ -219,6 +220,14 @@ func WithObserver(fn func(Decision)) Option {
 	return func(o *options) { o.observer = fn }
 }
 
+// WithName names the limiter for observers and metrics: Decision.Limiter
+// carries it, so that one observer can tell a service's limiters apart
+// ("login", "api", "upload"). Any string; it is neither validated nor part
+// of the Redis key. Default "" (unnamed).
+func WithName(name string) Option {
+	return func(o *options) { o.name = name }
+}
+
 // Decision is what an observer sees of one call.
 type Decision struct {
 	// Algorithm is "fixed_window", "sliding_window", "sliding_log",
@@ -239,6 +248,8 @@ type Decision struct {
 	// Fallback reports a call that Redis could not decide and the
 	// WithFallback limiter did: Result is the fallback's own, Err is nil.
 	Fallback bool
+	// Limiter is the limiter's WithName name ("" when unnamed).
+	Limiter string
 }
 
 // limiter is the part every algorithm shares: it turns engine replies into
@@ -349,6 +360,7 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 	if fn := o.observer; fn != nil {
 		cfg.Observe = func(ev engine.Event) {
 			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.Fallback != nil}
+			d.Limiter = o.name
 			if ev.Err == nil {
 				d.Result = l.result(ev.Reply)
 			}
