@@ -2,13 +2,17 @@ package redlimit
 
 import (
 	"context"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/redistest"
 )
 
 // A key is 1 to MaxKeyBytes bytes: a longer one is refused before Redis, by
@@ -177,4 +181,42 @@ func TestWithName(t *testing.T) {
 		"login/fixed_window", "api/token_bucket", "api/token_bucket", "api/token_bucket",
 		"login/fixed_window", "/leaky_bucket",
 	}, seen, "every decision, errors and deny-cache answers included, carries its limiter's name")
+}
+
+// A client built from ClientOptions fails fast against a killed Redis, and
+// within its own timeouts against a paused one, even for calls without a
+// ctx deadline.
+func TestClientOptionsFailFast(t *testing.T) {
+	o := ClientOptions("127.0.0.1:6379")
+	require.True(t, o.ContextTimeoutEnabled, "ctx deadlines honoured")
+	require.Equal(t, -1, o.MaxRetries, "a retried EVALSHA can take a second permit")
+	require.Equal(t, 1, o.DialerRetries)
+
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(ClientOptions(srv.Addr()))
+	t.Cleanup(func() { rdb.Close() })
+	l, err := NewTokenBucket(rdb, 10, PerSecond(10), WithoutBreaker())
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, l.TryAcquire(ctx, "k"))
+
+	if !testing.Short() {
+		require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGSTOP))
+		start := time.Now()
+		err = l.TryAcquire(ctx, "k")
+		took := time.Since(start)
+		require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGCONT))
+		require.ErrorIs(t, err, os.ErrDeadlineExceeded, "a paused Redis: the read times out")
+		require.Less(t, took, time.Second, "ReadTimeout (500ms) bounds a call without a deadline against a paused Redis")
+		t.Logf("paused Redis, no ctx deadline: %v", took)
+	}
+
+	require.NoError(t, srv.Kill())
+	for i := range 5 {
+		start := time.Now()
+		err := l.TryAcquire(ctx, "k")
+		took := time.Since(start)
+		require.ErrorIs(t, err, syscall.ECONNREFUSED, "call %d", i)
+		require.Less(t, took, 100*time.Millisecond, "call %d: a killed Redis refuses at once: one dial, no retries", i)
+	}
 }
