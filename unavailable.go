@@ -157,7 +157,11 @@ func NewBreaker(cfg BreakerConfig) (*Breaker, error) {
 func (b *Breaker) State() BreakerState { return BreakerState(b.b.State()) }
 
 // WithBreaker makes the limiter use b, which other limiters may share. A
-// nil b is ErrInvalidConfig: use WithoutBreaker to turn it off.
+// nil b is ErrInvalidConfig: use WithoutBreaker to turn it off. A service
+// that builds limiters at runtime (per tenant, per plan) gives them all the
+// one Breaker of their Redis client: each limiter would otherwise open its
+// own only after its own failures, and probe Redis on its own (see
+// examples/tenants).
 func WithBreaker(b *Breaker) Option {
 	return func(o *options) { o.outage.breaker, o.outage.breakerSet = b, true }
 }
