@@ -83,7 +83,9 @@ var (
 	ErrAcquireFailed = errors.New("redlimit: rate limit exceeded")
 	// ErrInvalidConfig is matched by constructor errors: a bad limit, window,
 	// precision, rate or option. The message names the field and the value.
-	// A limiter not made by its constructor (a zero value) returns it too.
+	// A limiter not made by its constructor (a zero value, or a nil
+	// *TokenBucket, ... whose constructor's error was ignored) returns it
+	// from every method, and so do Wait and WaitN given a nil Limiter.
 	ErrInvalidConfig = errors.New("redlimit: invalid configuration")
 	// ErrInvalidArgument is matched by call errors: an empty key or one
 	// longer than MaxKeyBytes, n < 0, a nil ctx, or a WithClock clock
