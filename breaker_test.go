@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
-	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -307,32 +304,6 @@ func TestBreakerOptions(t *testing.T) {
 	_, err = l.Allow(context.Background(), "k")
 	require.ErrorIs(t, err, ErrUnavailable)
 }
-
-// TestWarnsWithoutContextTimeout: a go-redis client that ignores ctx
-// deadlines while reading is named in the log, once per client.
-func TestWarnsWithoutContextTimeout(t *testing.T) {
-	var buf strings.Builder
-	var mu sync.Mutex
-	log.SetOutput(writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return buf.Write(p) }))
-	t.Cleanup(func() { log.SetOutput(os.Stderr) })
-	plain := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
-	defer plain.Close()
-	good := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
-	defer good.Close()
-	for range 3 {
-		_, err := NewFixedWindow(plain, 1, time.Second)
-		require.NoError(t, err, "a warning, not an error")
-		_, err = NewTokenBucket(good, 1, PerSecond(1))
-		require.NoError(t, err)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	require.Equal(t, 1, strings.Count(buf.String(), "ContextTimeoutEnabled is false"), "one warning for the plain client, none for the other: %q", buf.String())
-}
-
-type writerFunc func(p []byte) (int, error)
-
-func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 // TestBreakerOneProbe pauses Redis, opens the breaker, and lets the
 // cooldown pass: of 16 goroutines calling at once, exactly one reaches

@@ -19,7 +19,7 @@ func newRedis() (*redis.Client, func()) {
 	if err != nil {
 		panic(err)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	rdb := redis.NewClient(redlimit.ClientOptions(m.Addr()))
 	return rdb, func() { rdb.Close(); m.Close() }
 }
 

@@ -214,25 +214,15 @@ func newMiniClient(t testing.TB, m *miniredis.Miniredis) *redis.Client {
 	return rdb
 }
 
-// RecommendedOptions are the go-redis options of a client that must fail
-// fast, as the README recommends them ("Failure behaviour"): one dial with
-// a short timeout, short read, write and pool timeouts, ctx deadlines
-// honoured, and no retries (a retried EVALSHA whose reply was lost would
-// take a second permit). It is exported for the outage table, in package
+// RecommendedOptions are ClientOptions, without the handshake commands
+// (CLIENT SETINFO, maintenance notifications) that the tests' command
+// recorders would see. It is exported for the outage table, in package
 // redlimit_test.
 func RecommendedOptions(addr string) *redis.Options {
-	return &redis.Options{
-		Addr:                     addr,
-		DialTimeout:              100 * time.Millisecond,
-		DialerRetries:            1,
-		ReadTimeout:              500 * time.Millisecond,
-		WriteTimeout:             500 * time.Millisecond,
-		PoolTimeout:              500 * time.Millisecond,
-		ContextTimeoutEnabled:    true,
-		MaxRetries:               -1,
-		DisableIdentity:          true,
-		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-	}
+	o := ClientOptions(addr)
+	o.DisableIdentity = true
+	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	return o
 }
 
 // recommendedClient returns a client of addr with RecommendedOptions,

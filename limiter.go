@@ -65,11 +65,13 @@ var (
 	ErrAcquireFailed = errors.New("redlimit: rate limit exceeded")
 	// ErrInvalidConfig is matched by constructor errors: a bad limit, window,
 	// precision, rate or option. The message names the field and the value.
-	// A limiter not made by its constructor (a zero value) returns it too.
+	// A limiter not made by its constructor (a zero value, or a nil
+	// *TokenBucket, ... whose constructor's error was ignored) returns it
+	// from every method, and so do Wait and WaitN given a nil Limiter.
 	ErrInvalidConfig = errors.New("redlimit: invalid configuration")
-	// ErrInvalidArgument is matched by call errors: an empty key, n < 0, a
-	// nil ctx, or a WithClock clock outside 2001-2112. Such calls never
-	// reach Redis.
+	// ErrInvalidArgument is matched by call errors: an empty key or one
+	// longer than MaxKeyBytes, n < 0, a nil ctx, or a WithClock clock
+	// outside 2001-2112. Such calls never reach Redis.
 	ErrInvalidArgument = errors.New("redlimit: invalid argument")
 	// ErrForeignState is matched by the error of a call on a key that holds
 	// a value this library did not write (another type, another
@@ -95,15 +97,26 @@ type ViolationStrategyError struct {
 }
 
 // Error says which strategy denied and how long to wait.
+// A Window of 0 (unknown) is left out rather than shown as "per 0s".
 func (e *ViolationStrategyError) Error() string {
-	if e.RetryAfter == Never {
-		return fmt.Sprintf("redlimit: rate limit exceeded: %d per %v, request larger than the limit", e.Limit, e.Window)
+	limit := fmt.Sprintf("limit %d", e.Limit)
+	if e.Window > 0 {
+		limit = fmt.Sprintf("%d per %v", e.Limit, e.Window)
 	}
-	return fmt.Sprintf("redlimit: rate limit exceeded: %d per %v, retry after %v", e.Limit, e.Window, e.RetryAfter)
+	if e.RetryAfter == Never {
+		return fmt.Sprintf("redlimit: rate limit exceeded: %s, request larger than the limit", limit)
+	}
+	return fmt.Sprintf("redlimit: rate limit exceeded: %s, retry after %v", limit, e.RetryAfter)
 }
 
 // Unwrap makes errors.Is(err, ErrAcquireFailed) hold.
 func (e *ViolationStrategyError) Unwrap() error { return ErrAcquireFailed }
+
+// MaxKeyBytes is the longest key a call takes, in bytes, not counting the
+// prefix: a key is 1 to 1024 bytes, and an empty or longer one is
+// ErrInvalidArgument without a round trip, so that a client who chooses
+// its key (an API key header, a path) cannot fill Redis with large keys.
+const MaxKeyBytes = engine.MaxKeyBytes
 
 // Strategy is one limit of a SlidingLog: at most Limit permits in any Window.
 type Strategy struct {
@@ -127,6 +140,9 @@ func PerMinute(n int) Rate { return Rate{Count: n, Per: time.Minute} }
 // PerHour returns the rate of n events per hour.
 func PerHour(n int) Rate { return Rate{Count: n, Per: time.Hour} }
 
+// PerDay returns the rate of n events per 24 hours.
+func PerDay(n int) Rate { return Rate{Count: n, Per: 24 * time.Hour} }
+
 // Option configures a limiter.
 type Option func(*options)
 
@@ -138,6 +154,7 @@ type options struct {
 	denyCache    int
 	denyCacheSet bool
 	observer     func(Decision)
+	name         string
 	outage       outageOptions // unavailable.go
 }
 
@@ -187,6 +204,14 @@ func WithObserver(fn func(Decision)) Option {
 	return func(o *options) { o.observer = fn }
 }
 
+// WithName names the limiter for observers and metrics: Decision.Limiter
+// carries it, so that one observer can tell a service's limiters apart
+// ("login", "api", "upload"). Any string; it is neither validated nor part
+// of the Redis key. Default "" (unnamed).
+func WithName(name string) Option {
+	return func(o *options) { o.name = name }
+}
+
 // Decision is what an observer sees of one call.
 type Decision struct {
 	// Algorithm is "fixed_window", "sliding_window", "sliding_log",
@@ -213,6 +238,8 @@ type Decision struct {
 	Cause error
 	// Shadow reports a call under ShadowContext: decided and counted, never enforced.
 	Shadow bool
+	// Limiter is the limiter's WithName name ("" when unnamed).
+	Limiter string
 }
 
 // limiter is the part every algorithm shares: it turns engine replies into
@@ -227,6 +254,9 @@ type limiter struct {
 	fallback Limiter
 	// prefix is the Redis key prefix: WithPrefix's, or the default.
 	prefix string
+	// nilType and nilConstructor name the type and its constructor when
+	// this stands for a nil *FixedWindow, *TokenBucket, ... (methods.go).
+	nilType, nilConstructor string
 }
 
 // spec is what an algorithm's constructor hands newLimiter.
@@ -319,7 +349,7 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 	}
 	if fn := o.observer; fn != nil {
 		cfg.Observe = func(ev engine.Event) {
-			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.Fallback != nil, Cause: ev.Reply.Cause, Shadow: IsShadow(ev.Ctx)}
+			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.Fallback != nil, Cause: ev.Reply.Cause, Shadow: IsShadow(ev.Ctx), Limiter: o.name}
 			if ev.Err == nil {
 				d.Result = l.result(ev.Reply)
 			}
@@ -358,7 +388,8 @@ func (l *limiter) result(r engine.Reply) Result {
 // TryAcquire takes one permit for key. It returns nil when allowed, a
 // *ViolationStrategyError naming the limit that denied when denied (it
 // matches ErrAcquireFailed), and any other error when no decision was made
-// (Redis unreachable, ctx done, empty key).
+// (Redis unreachable, ctx done, a key that is empty or longer than
+// MaxKeyBytes).
 func (l *limiter) TryAcquire(ctx context.Context, key string) error {
 	if err := l.built(); err != nil {
 		return err
@@ -379,10 +410,24 @@ func (l *limiter) TryAcquire(ctx context.Context, key string) error {
 // built returns an error for a limiter that no constructor made: a zero
 // FixedWindow, TokenBucket, ... has no Redis client to ask.
 func (l *limiter) built() error {
+	if l.nilType != "" {
+		return engine.Errorf(ErrInvalidConfig, "redlimit: nil *%s: make it with %s and check the error it returns", l.nilType, l.nilConstructor)
+	}
 	if l.engine == nil {
 		return engine.Errorf(ErrInvalidConfig, "redlimit: limiter is a zero value: make it with its constructor (NewFixedWindow, NewSlidingWindow, NewSlidingLog, NewLeakyBucket or NewTokenBucket)")
 	}
 	return nil
+}
+
+// windowOf returns the Window of this limiter's limit of size limit, or 0
+// when it has none of that size (a fallback's share).
+func (l *limiter) windowOf(limit int) time.Duration {
+	for i, own := range l.limits {
+		if own == limit {
+			return l.windows[i]
+		}
+	}
+	return 0
 }
 
 // RedisKey returns the Redis key that holds key's state: the limiter's
@@ -397,8 +442,9 @@ func (l *limiter) Allow(ctx context.Context, key string) (Result, error) {
 
 // AllowN takes n permits for key if all n are available, else none. The
 // decision is in Result.Allowed; err is non-nil only when no decision was
-// made: Redis failed, ctx ended, or the arguments are invalid (an empty key
-// or n < 0: ErrInvalidArgument, without a round trip). n == 0 reports the
+// made: Redis failed, ctx ended, or the arguments are invalid (a key that
+// is empty or longer than MaxKeyBytes, or n < 0: ErrInvalidArgument,
+// without a round trip). n == 0 reports the
 // current state and consumes nothing. n above the capacity is denied with
 // RetryAfter == Never.
 func (l *limiter) AllowN(ctx context.Context, key string, n int) (Result, error) {
@@ -413,6 +459,7 @@ func (l *limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 }
 
 // Reset forgets all state of key, in Redis and in this limiter's deny cache.
+// A key that is empty or longer than MaxKeyBytes is ErrInvalidArgument.
 func (l *limiter) Reset(ctx context.Context, key string) error {
 	if err := l.built(); err != nil {
 		return err

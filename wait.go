@@ -19,7 +19,8 @@ func Wait(ctx context.Context, l Limiter, key string) error {
 // request can never be allowed (n above the capacity: RetryAfter == Never)
 // it returns at once with a *ViolationStrategyError, which matches
 // ErrAcquireFailed. Errors that leave no decision (Redis down, n < 0) are
-// returned as they are. WaitN sleeps in real time, even with WithClock:
+// returned as they are; a nil l (or a nil *TokenBucket, ...) is
+// ErrInvalidConfig. WaitN sleeps in real time, even with WithClock:
 // it waits for the limiter's state to recover, and a denial's RetryAfter
 // says when.
 func WaitN(ctx context.Context, l Limiter, key string, n int) error {
@@ -36,6 +37,13 @@ func realTimer(d time.Duration) (<-chan time.Time, func() bool) {
 }
 
 func waitN(ctx context.Context, l Limiter, key string, n int, newTimer timerFunc) error {
+	if l == nil || isNilPointer(l) {
+		name := "Limiter"
+		if l != nil {
+			name = fmt.Sprintf("%T", l)
+		}
+		return fmt.Errorf("redlimit: wait: nil %s: pass a limiter made by its constructor (NewTokenBucket, ...) and check the error it returns: %w", name, ErrInvalidConfig)
+	}
 	for {
 		r, err := l.AllowN(ctx, key, n)
 		if err != nil {
@@ -45,8 +53,7 @@ func waitN(ctx context.Context, l Limiter, key string, n int, newTimer timerFunc
 			return nil
 		}
 		if r.RetryAfter == Never {
-			// The limiter does not report its window here: Window stays 0.
-			return &ViolationStrategyError{Limit: r.Limit, RetryAfter: Never}
+			return &ViolationStrategyError{Limit: r.Limit, Window: windowOf(l, r.Limit), RetryAfter: Never}
 		}
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < r.RetryAfter {
 			return fmt.Errorf("redlimit: wait: retry after %v would pass the deadline: %w", r.RetryAfter, context.DeadlineExceeded)
@@ -59,4 +66,21 @@ func waitN(ctx context.Context, l Limiter, key string, n int, newTimer timerFunc
 		case <-fired:
 		}
 	}
+}
+
+// windowOf returns the window of l's limit of size limit, when l tells it:
+// this package's limiters do, and so do limiters with a Strategies method
+// (inmem.SlidingLog). 0 otherwise.
+func windowOf(l Limiter, limit int) time.Duration {
+	switch l := l.(type) {
+	case interface{ core() *limiter }:
+		return l.core().windowOf(limit)
+	case interface{ Strategies() []Strategy }:
+		for _, st := range l.Strategies() {
+			if st.Limit == limit {
+				return st.Window
+			}
+		}
+	}
+	return 0
 }

@@ -68,9 +68,9 @@ func run(addr string, demo bool) error {
 		redisAddr = m.Addr()
 		slog.Info("REDIS_ADDR not set: using an embedded miniredis", "addr", redisAddr)
 	}
-	// ContextTimeoutEnabled: a slow Redis must not hold requests for the
-	// client's whole ReadTimeout; each decision gets 50ms below.
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+	// The recommended client fails fast: a slow Redis must not hold
+	// requests for a long ReadTimeout; each decision gets 50ms below.
+	rdb := redis.NewClient(redlimit.ClientOptions(redisAddr))
 	defer rdb.Close()
 
 	trusted, err := parsePrefixes(os.Getenv("TRUSTED_PROXIES"))

@@ -1,15 +1,18 @@
 // Command prometheus exports redlimit decisions as Prometheus metrics,
-// from redlimit.WithObserver: decisions counted by algorithm and outcome
-// (allowed, denied, error), and their latency as a histogram per algorithm,
-// with deny-cache answers apart from Redis round trips.
+// from redlimit.WithObserver: decisions counted by limiter (its WithName
+// name), algorithm, outcome (allowed, denied, error) and source (Redis, the
+// in-process deny cache, or the WithFallback limiter while Redis could not
+// decide), and their latency as a histogram per limiter and source.
 //
 //	cd examples/prometheus && go run .            # serves http://127.0.0.1:2112/metrics
 //	cd examples/prometheus && go run . -once      # prints the metrics once and exits
 //
-// It runs every algorithm against some generated traffic, on the Redis at
-// REDIS_ADDR when that is set and on an embedded miniredis otherwise. This
-// directory is its own Go module, so that redlimit itself does not depend on
-// the Prometheus client.
+// It runs five named limiters, one per algorithm, against some generated
+// traffic, on the Redis at REDIS_ADDR when that is set and on an embedded
+// miniredis otherwise (with -once, the miniredis also goes down for a
+// moment, so that errors and fallback decisions show). This directory is
+// its own Go module, so that redlimit itself does not depend on the
+// Prometheus client.
 package main
 
 import (
@@ -30,11 +33,13 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/inmem"
 )
 
 // Metrics turns redlimit decisions into Prometheus metrics. Its Observe
 // method is the observer: pass redlimit.WithObserver(m.Observe) to every
-// limiter. Keys are not a label: their number is unbounded.
+// limiter, and name each with redlimit.WithName. Keys are not a label:
+// their number is unbounded.
 type Metrics struct {
 	decisions *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
@@ -42,22 +47,26 @@ type Metrics struct {
 
 // NewMetrics registers the metrics with reg:
 //
-//	redlimit_decisions_total{algorithm, outcome="allowed"|"denied"|"error"}
-//	redlimit_decision_duration_seconds{algorithm, source="redis"|"deny_cache"}
+//	redlimit_decisions_total{limiter, algorithm, outcome="allowed"|"denied"|"error", source}
+//	redlimit_decision_duration_seconds{limiter, algorithm, source="redis"|"deny_cache"|"fallback"}
+//
+// Watch source="fallback": it counts the decisions made in process because
+// Redis could not make them, each instance alone with its share of the
+// limit.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "redlimit",
 			Name:      "decisions_total",
-			Help:      "Rate limit calls by algorithm and outcome: allowed, denied, or error (no decision: Redis unreachable, timeout).",
-		}, []string{"algorithm", "outcome"}),
+			Help:      "Rate limit calls by limiter, algorithm, outcome (allowed, denied, or error: no decision) and source (redis, deny_cache, fallback).",
+		}, []string{"limiter", "algorithm", "outcome", "source"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "redlimit",
 			Name:      "decision_duration_seconds",
-			Help:      "Time a rate limit call took, by algorithm and by who answered: Redis or the in-process deny cache.",
+			Help:      "Time a rate limit call took, by limiter, algorithm and who answered: Redis, the in-process deny cache, or the fallback.",
 			// From a deny-cache hit (about a microsecond) to a slow round trip.
 			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12),
-		}, []string{"algorithm", "source"}),
+		}, []string{"limiter", "algorithm", "source"}),
 	}
 	reg.MustRegister(m.decisions, m.latency)
 	return m
@@ -73,12 +82,15 @@ func (m *Metrics) Observe(d redlimit.Decision) {
 	case !d.Result.Allowed:
 		outcome = "denied"
 	}
-	m.decisions.WithLabelValues(d.Algorithm, outcome).Inc()
 	source := "redis"
-	if d.Local {
+	switch {
+	case d.Fallback:
+		source = "fallback"
+	case d.Local:
 		source = "deny_cache"
 	}
-	m.latency.WithLabelValues(d.Algorithm, source).Observe(d.Latency.Seconds())
+	m.decisions.WithLabelValues(d.Limiter, d.Algorithm, outcome, source).Inc()
+	m.latency.WithLabelValues(d.Limiter, d.Algorithm, source).Observe(d.Latency.Seconds())
 }
 
 func main() {
@@ -98,7 +110,7 @@ func main() {
 		redisAddr = mr.Addr()
 		log.Println("REDIS_ADDR not set: using an embedded miniredis at", redisAddr)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+	rdb := redis.NewClient(redlimit.ClientOptions(redisAddr))
 	defer rdb.Close()
 
 	reg := prometheus.NewRegistry()
@@ -115,10 +127,13 @@ func main() {
 	if *once {
 		traffic(context.Background(), limiters, 300)
 		if mr != nil {
-			// A short outage: outcome="error".
-			mr.SetError("ERR simulated outage")
+			// A short outage: outcome="error", and source="fallback" for
+			// the limiter that has one.
+			mr.Close()
 			traffic(context.Background(), limiters, 2)
-			mr.SetError("")
+			if err := mr.Restart(); err != nil {
+				log.Fatal(err)
+			}
 		}
 		rec := httptest.NewRecorder()
 		mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
@@ -137,28 +152,38 @@ func main() {
 	log.Fatal(srv.ListenAndServe())
 }
 
-// newLimiters returns one limiter of each algorithm, all at about 10
-// requests per second, with opts.
+// newLimiters returns five named limiters, one of each algorithm, all at
+// about 10 requests per second, with opts. "feed" has a deny cache (see
+// source="deny_cache") and an in-process fallback (source="fallback"), and
+// turns its breaker off so that every call of the demo's outage reaches
+// the fallback through a failed round trip.
 func newLimiters(rdb redis.Scripter, opts ...redlimit.Option) ([]redlimit.Limiter, error) {
-	withDenyCache := append([]redlimit.Option{redlimit.WithDenyCache(1024)}, opts...)
+	named := func(name string, more ...redlimit.Option) []redlimit.Option {
+		return append(append([]redlimit.Option{redlimit.WithName(name)}, opts...), more...)
+	}
+	fallback, err := inmem.NewTokenBucket(inmem.Share(10, 2), inmem.ShareRate(redlimit.PerSecond(10), 2))
+	if err != nil {
+		return nil, err
+	}
 	var limiters []redlimit.Limiter
 	for _, build := range []func() (redlimit.Limiter, error){
-		func() (redlimit.Limiter, error) { return redlimit.NewFixedWindow(rdb, 10, time.Second, opts...) },
 		func() (redlimit.Limiter, error) {
-			return redlimit.NewSlidingWindow(rdb, 10, time.Second, 100*time.Millisecond, opts...)
+			return redlimit.NewFixedWindow(rdb, 10, time.Second, named("login")...)
+		},
+		func() (redlimit.Limiter, error) {
+			return redlimit.NewSlidingWindow(rdb, 10, time.Second, 100*time.Millisecond, named("search")...)
 		},
 		func() (redlimit.Limiter, error) {
 			return redlimit.NewSlidingLog(rdb, 100*time.Millisecond, []redlimit.Strategy{
 				{Limit: 10, Window: time.Second}, {Limit: 300, Window: time.Minute},
-			}, opts...)
+			}, named("api")...)
 		},
 		func() (redlimit.Limiter, error) {
-			return redlimit.NewLeakyBucket(rdb, 10, redlimit.PerSecond(10), opts...)
+			return redlimit.NewLeakyBucket(rdb, 10, redlimit.PerSecond(10), named("upload")...)
 		},
-		// The deny cache answers repeated denials without a round trip:
-		// see source="deny_cache" in the histogram.
 		func() (redlimit.Limiter, error) {
-			return redlimit.NewTokenBucket(rdb, 10, redlimit.PerSecond(10), withDenyCache...)
+			return redlimit.NewTokenBucket(rdb, 10, redlimit.PerSecond(10),
+				named("feed", redlimit.WithDenyCache(1024), redlimit.WithFallback(fallback), redlimit.WithoutBreaker())...)
 		},
 	} {
 		l, err := build()

@@ -32,7 +32,8 @@ func main() {
 		addr = m.Addr()
 		fmt.Println("REDIS_ADDR not set: using an embedded miniredis at", addr)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	// The recommended client: fails fast, never retries a decision.
+	rdb := redis.NewClient(redlimit.ClientOptions(addr))
 	defer rdb.Close()
 
 	limiter, err := redlimit.NewTokenBucket(rdb, 5, redlimit.PerSecond(2))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"strings"
@@ -56,6 +57,9 @@ type BreakerConfig struct {
 	Cooldown time.Duration // how long it stays open before a probe
 	OnChange func(BreakerChange)
 	Now      func() time.Time // nil: time.Now
+	// MinDeadline is the shortest ctx deadline whose passing mid-call
+	// counts as a failure: see countsAsFailure.
+	MinDeadline time.Duration
 }
 
 // internal states: halfOpenIdle is half-open with no probe in flight (the
@@ -269,6 +273,33 @@ func Classify(ctx context.Context, err error) outcome {
 	return failed
 }
 
+// classify is Classify for this breaker, which hears only what shows that
+// Redis is unhealthy, never what the caller chose. A call that Classify
+// calls failed is neutral instead when its own ctx deadline ended it (the
+// deadline had passed when the call returned) and that deadline left the
+// call less than MinDeadline when it started: a healthy Redis could not
+// have been expected to answer in time, so the failure is the caller's
+// (a gRPC client's grpc-timeout of 200µs, a header-derived deadline). Such
+// callers, however many, cannot open the breaker for the others. A paused
+// Redis or a link that drops replies is still seen, by the calls with
+// deadlines of MinDeadline or more, and by calls without a deadline, which
+// end at the client's ReadTimeout; a refused or reset connection counts
+// whatever the deadline, since it says nothing about the caller.
+func (b *Breaker) classify(ctx context.Context, err error, start time.Time) outcome {
+	o := Classify(ctx, err)
+	if o != failed {
+		return o
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok || deadline.Sub(start) >= b.cfg.MinDeadline {
+		return o
+	}
+	if ctx.Err() != nil || !time.Now().Before(deadline) {
+		return neutral
+	}
+	return o
+}
+
 // unavailableReplies are the error replies of a server that cannot serve
 // any request right now.
 // OOM and READONLY are not among them: such a server still decides
@@ -297,9 +328,10 @@ func (e *Engine) guardedRun(ctx context.Context, key string, nowArg any, n int) 
 	if err != nil {
 		return "", err
 	}
+	start := time.Now()
 	text, err := e.runWithin(ctx, key, nowArg, n)
 	if err != nil {
-		e.breaker.record(probe, Classify(ctx, err), withCtxErr(ctx, err))
+		e.breaker.record(probe, e.breaker.classify(ctx, err, start), withCtxErr(ctx, err))
 	} else {
 		e.breaker.record(probe, answered, nil)
 	}
@@ -347,18 +379,27 @@ type doneBeforeCall struct{ error }
 
 func (d doneBeforeCall) Unwrap() error { return d.error }
 
-// runWithin is run, returning when ctx ends even if the client has not.
-// Two clients do not end a call at its ctx's deadline: go-redis's
+// runWithin is run, returning by ctx's deadline even if the client would
+// not. Two clients do not end a call at its ctx's deadline: go-redis's
 // AutoPipeliner (a queued command waits for Redis: a 300ms call on a paused
 // Redis took 0.5-1.5s), and a client without ContextTimeoutEnabled (it
-// waits for ReadTimeout: 5s measured). For them, and only when ctx can end,
-// the round trip runs in its own goroutine and is abandoned when ctx ends;
-// its reply, if one comes, is dropped, like a reply after a socket timeout
-// (the permits may have been taken, never reported), and the goroutine
-// holds its connection until the client gives up. The open breaker keeps
-// such goroutines few: they pile up only until it opens.
+// waits for ReadTimeout: 5s measured). For them, and only when ctx has a
+// deadline that the client's own timeouts could pass (see clientBound), the
+// round trip runs in a goroutine of its own and is abandoned at the
+// deadline; its reply, if one comes, is dropped, like a reply after a
+// socket timeout (the permits may have been taken, never reported), and
+// the goroutine holds its connection until the client gives up. The open
+// breaker keeps such goroutines few: they pile up only until it opens.
+//
+// That goroutine costs a call 3 allocations and two goroutine switches,
+// which doubled the median call in the root package's BenchmarkCtxWatch,
+// so it is spent only where it buys something: a ctx
+// that can be cancelled but has no deadline (a request's) runs on the
+// caller's goroutine, and a cancellation then ends the call at the
+// client's timeouts rather than at once.
 func (e *Engine) runWithin(ctx context.Context, key string, nowArg any, n int) (string, error) {
-	if ctx.Done() == nil || !ignoresDeadlines(e.rdb) {
+	deadline, ok := ctx.Deadline()
+	if !ok || e.bound == 0 || time.Until(deadline) >= e.bound {
 		return e.run(ctx, key, nowArg, n)
 	}
 	type result struct {
@@ -383,18 +424,37 @@ func (e *Engine) runWithin(ctx context.Context, key string, nowArg any, n int) (
 	}
 }
 
-// ignoresDeadlines reports a client that does not end a call when its ctx
-// does.
-func ignoresDeadlines(rdb redis.Scripter) bool {
+// clientBound returns how long rdb may hold a call whatever its ctx's
+// deadline: 0 for a client that ends a call at its ctx's deadline
+// (ContextTimeoutEnabled), else the longest a call can take on the
+// client's own timeouts (every try's write and read, for EVALSHA and the
+// EVAL after a NOSCRIPT, with the backoffs between tries), and
+// math.MaxInt64 when that has no bound (an AutoPipeliner, a cluster that
+// may redirect, a ReadTimeout of -1 or -2).
+func clientBound(rdb redis.Scripter) time.Duration {
+	const unbounded = time.Duration(math.MaxInt64)
 	switch c := rdb.(type) {
 	case *redis.Client:
-		return !c.Options().ContextTimeoutEnabled
+		o := c.Options() // go-redis has filled in its defaults
+		if o.ContextTimeoutEnabled {
+			return 0
+		}
+		if o.ReadTimeout <= 0 || o.WriteTimeout <= 0 {
+			return unbounded
+		}
+		tries := time.Duration(max(o.MaxRetries, 0) + 1)
+		return 2 * tries * (o.WriteTimeout + o.ReadTimeout + max(o.MaxRetryBackoff, 0))
 	case *redis.ClusterClient:
-		return !c.Options().ContextTimeoutEnabled
+		if c.Options().ContextTimeoutEnabled {
+			return 0
+		}
 	case *redis.Ring:
-		return !c.Options().ContextTimeoutEnabled
+		if c.Options().ContextTimeoutEnabled {
+			return 0
+		}
 	case *redis.AutoPipeliner:
-		return true
+	default:
+		return 0
 	}
-	return false
+	return unbounded
 }

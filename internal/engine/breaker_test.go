@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"sync"
@@ -232,4 +233,75 @@ func BenchmarkBreakerOpen(b *testing.B) {
 			}
 		}
 	})
+}
+
+// A call cut short by its own ctx deadline counts as a failure only when
+// that deadline left it at least MinDeadline; an error that is not the
+// deadline's counts whatever the deadline.
+func TestBreakerClassifyCallersDeadline(t *testing.T) {
+	b := NewBreaker(BreakerConfig{Failures: 1, Cooldown: time.Second, MinDeadline: 20 * time.Millisecond})
+	timeout := fmt.Errorf("read: %w", os.ErrDeadlineExceeded)
+	for _, tc := range []struct {
+		name   string
+		left   time.Duration // until the deadline, when the call returns (negative: passed); 0: no deadline
+		budget time.Duration // the deadline's distance from the call's start
+		err    error
+		want   outcome
+	}{
+		{"150µs deadline passed: the caller's", -time.Microsecond, 150 * time.Microsecond, timeout, neutral},
+		{"1.5ms deadline passed, ctx error", -time.Millisecond, 1500 * time.Microsecond, context.DeadlineExceeded, neutral},
+		{"19ms deadline passed", -time.Microsecond, 19 * time.Millisecond, timeout, neutral},
+		{"20ms deadline passed: Redis's", -time.Microsecond, 20 * time.Millisecond, timeout, failed},
+		{"1s deadline passed: Redis's", -time.Microsecond, time.Second, context.DeadlineExceeded, failed},
+		{"1ms deadline, refused before it: Redis's", time.Hour, 1 * time.Millisecond, errRefused, failed},
+		{"1ms deadline, i/o timeout before it: Redis's", time.Hour, 1 * time.Millisecond, timeout, failed},
+		{"no deadline, i/o timeout (ReadTimeout): Redis's", 0, 0, timeout, failed},
+		{"1ms deadline, answered", -time.Microsecond, time.Millisecond, nil, answered},
+		{"1ms deadline, error reply about the request", -time.Microsecond, time.Millisecond, redisError("ERR user_script:1: bad"), answered},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, start := context.Background(), time.Now()
+			if tc.left != 0 {
+				deadline := time.Now().Add(tc.left)
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithDeadline(ctx, deadline)
+				defer cancel()
+				start = deadline.Add(-tc.budget)
+			}
+			require.Equal(t, tc.want, b.classify(ctx, tc.err, start))
+		})
+	}
+}
+
+// clientBound says how long a client may hold a call past its ctx's
+// deadline: runWithin watches the ctx itself only when a deadline is
+// sooner than that.
+func TestClientBound(t *testing.T) {
+	client := func(o *redis.Options) *redis.Client {
+		o.Addr = "127.0.0.1:1"
+		c := redis.NewClient(o)
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	ap, err := client(&redis.Options{ContextTimeoutEnabled: true}).AutoPipeline()
+	require.NoError(t, err)
+	unbounded := time.Duration(math.MaxInt64)
+	for _, tc := range []struct {
+		name string
+		rdb  redis.Scripter
+		want time.Duration
+	}{
+		{"ContextTimeoutEnabled", client(&redis.Options{ContextTimeoutEnabled: true}), 0},
+		{"go-redis defaults: 4 tries of 5s writes and reads, 1s backoffs", client(&redis.Options{}), 2 * 4 * (10*time.Second + time.Second)},
+		{"one try of 500ms", client(&redis.Options{MaxRetries: -1, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond, MaxRetryBackoff: -1}), 2 * time.Second},
+		{"ReadTimeout -1: none", client(&redis.Options{ReadTimeout: -1}), unbounded},
+		{"ReadTimeout -2: no deadlines", client(&redis.Options{ReadTimeout: -2}), unbounded},
+		{"AutoPipeliner", ap, unbounded},
+		{"cluster without the option", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}}), unbounded},
+		{"cluster with it", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true}), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, clientBound(tc.rdb))
+		})
+	}
 }

@@ -70,6 +70,7 @@ type Engine struct {
 	clock     func() time.Time
 	cache     *denyCache
 	observe   func(Event)
+	bound     time.Duration // clientBound(rdb): see runWithin
 
 	breaker             *Breaker
 	unavailableSentinel error
@@ -90,6 +91,7 @@ func New(rdb redis.Scripter, cfg Config) *Engine {
 		log:       cfg.Log,
 		clock:     cfg.Clock,
 		observe:   cfg.Observe,
+		bound:     clientBound(rdb),
 
 		breaker:             cfg.Breaker,
 		unavailableSentinel: cfg.Unavailable,
@@ -270,7 +272,8 @@ func (e *Engine) redisError(ctx context.Context, key, op string, err error) erro
 // did not write (common.lua's not_ours).
 const foreignPrefix = "NOTOURS "
 
-// checkArgs checks what every call carries. A nil ctx is refused like a bad
+// checkArgs checks what every call carries: a key of 1 to MaxKeyBytes
+// bytes (the prefix is not counted). A nil ctx is refused like a bad
 // argument: the standard library's rule is never to pass one, and a limiter
 // in front of every request must not panic on it.
 func (e *Engine) checkArgs(ctx context.Context, key string) error {
@@ -280,8 +283,16 @@ func (e *Engine) checkArgs(ctx context.Context, key string) error {
 	if key == "" {
 		return Errorf(e.invalidArgument, "redlimit: %s: key is empty", e.algorithm)
 	}
+	if len(key) > MaxKeyBytes {
+		return Errorf(e.invalidArgument, "redlimit: %s: key %s: must be at most %d bytes", e.algorithm, QuoteKey(key), MaxKeyBytes)
+	}
 	return nil
 }
+
+// MaxKeyBytes is the longest key a call takes. A client who chooses the key
+// (an API key header, a path) must not be able to store megabytes in Redis
+// per request; 1024 bytes hold any address, token or hash with room to spare.
+const MaxKeyBytes = 1024
 
 // QuoteKey returns key for an error message: quoted (a key may hold any
 // byte, NUL included) and cut to its first 64 bytes, with its length, so

@@ -1,0 +1,123 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/redistest"
+)
+
+// Attackers whose calls carry deadlines of 150µs to 1.5ms (a gRPC client's
+// grpc-timeout, handed down to the limiter), odd keys and odd n, against a
+// healthy Redis, never open the breaker: an honest caller sharing the
+// limiter keeps getting exact decisions, never ErrUnavailable.
+func TestBreakerIgnoresCallersShortDeadlines(t *testing.T) {
+	const (
+		attackers = 8
+		limit     = 5
+	)
+	length := time.Second
+	if testing.Short() {
+		length = 300 * time.Millisecond
+	}
+	forEachBackend(t, func(t *testing.T, b backend) {
+		o := RecommendedOptions(b.rdb.Options().Addr)
+		o.DB, o.PoolSize = b.rdb.Options().DB, 2*attackers
+		// The honest caller's 1s deadline, not ReadTimeout, bounds its
+		// calls: on a 2-core machine shared with other tests a busy
+		// miniredis may take longer than 500ms, and that is no attack.
+		o.ReadTimeout, o.WriteTimeout = 2*time.Second, 2*time.Second
+		rdb := redis.NewClient(o)
+		t.Cleanup(func() { rdb.Close() })
+		var opened atomic.Int64
+		breaker, err := NewBreaker(BreakerConfig{OnChange: func(c BreakerChange) {
+			if c.To == BreakerOpen {
+				opened.Add(1)
+			}
+		}})
+		require.NoError(t, err)
+		l, err := NewFixedWindow(rdb, limit, time.Hour, WithBreaker(breaker), WithPrefix(fmt.Sprintf("deadline:%d:", time.Now().UnixNano())))
+		require.NoError(t, err)
+
+		attack, stop := context.WithCancel(context.Background())
+		defer stop()
+		ctx, cancel := context.WithTimeout(attack, length)
+		defer cancel()
+		var wg sync.WaitGroup
+		var timedOut atomic.Int64
+		for i := range attackers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(i), 7))
+				for attack.Err() == nil {
+					deadline := 150*time.Microsecond + rand.N(1350*time.Microsecond)
+					callCtx, cancel := context.WithTimeout(context.Background(), deadline)
+					key := fmt.Sprintf("attacker:%d", rng.IntN(1000))
+					_, err := l.AllowN(callCtx, key, rng.IntN(3*limit))
+					cancel()
+					if errors.Is(err, context.DeadlineExceeded) {
+						timedOut.Add(1)
+					}
+					time.Sleep(200 * time.Microsecond) // an attack, not a load test
+
+				}
+			}()
+		}
+
+		var allowed, denied int
+		for ctx.Err() == nil || allowed+denied < 2*limit {
+			callCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+			err := l.TryAcquire(callCtx, "honest")
+			cancel()
+			switch {
+			case err == nil:
+				allowed++
+			case errors.Is(err, ErrAcquireFailed):
+				denied++
+			default:
+				require.NoError(t, err, "the honest caller must always get a decision (after %d allowed, %d denied)", allowed, denied)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		stop()
+		wg.Wait()
+		t.Logf("%s: %d attacker calls timed out; honest caller: %d allowed, %d denied", b.name, timedOut.Load(), allowed, denied)
+		require.GreaterOrEqual(t, timedOut.Load(), int64(DefaultBreakerFailures),
+			"the attack must time calls out, or this test shows nothing")
+		require.Zero(t, opened.Load(), "callers' own short deadlines must never open the breaker")
+		require.Equal(t, BreakerClosed, breaker.State())
+		require.Equal(t, limit, allowed, "the honest caller is limited exactly")
+		require.Positive(t, denied)
+	})
+}
+
+// A real outage still opens the breaker for callers with short deadlines:
+// a killed Redis refuses at once, which is no caller's choice.
+func TestBreakerOpensOnKilledRedisWithShortDeadlines(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := recommendedClient(t, srv.Addr())
+	breaker, err := NewBreaker(BreakerConfig{})
+	require.NoError(t, err)
+	l, err := NewTokenBucket(rdb, 5, PerSecond(1), WithBreaker(breaker))
+	require.NoError(t, err)
+	require.NoError(t, l.TryAcquire(context.Background(), "k"))
+	require.NoError(t, srv.Kill())
+	for range DefaultBreakerFailures {
+		_, err := callWithin(l, "k", 10*time.Millisecond)
+		require.ErrorIs(t, err, syscall.ECONNREFUSED)
+	}
+	require.Equal(t, BreakerOpen, breaker.State())
+	_, err = callWithin(l, "k", 10*time.Millisecond)
+	require.ErrorIs(t, err, ErrUnavailable)
+}
