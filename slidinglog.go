@@ -10,8 +10,6 @@ import (
 	"github.com/redlimit/redlimit/internal/engine"
 )
 
-var slidingLogScript = loadScript("prelude.lua", "sliding.lua", "common.lua", "buckets.lua")
-
 // SlidingLog enforces several sliding-window limits at once (say 10 per
 // second and 500 per hour) over one shared set of buckets of precision, in
 // one atomic call. A request is allowed only if every strategy allows it.
@@ -73,10 +71,9 @@ func NewSlidingLog(rdb redis.Scripter, precision time.Duration, strategies []Str
 	l, err := newLimiter(rdb, spec{
 		algorithm: algorithm,
 		code:      "sl",
-		script:    slidingLogScript,
 		limits:    limits,
 		windows:   windows,
-	}.sliding("L4", precisionUS, sizes), opts)
+	}.sliding("l", precisionUS, sizes), opts)
 	if err != nil {
 		return nil, err
 	}

@@ -6,7 +6,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var slidingWindowScript = loadScript("prelude.lua", "sliding.lua", "common.lua", "buckets.lua")
+var slidingScript = loadScript("sliding.lua")
 
 // SlidingWindow grants at most limit permits in any window, counted in
 // buckets of precision aligned to the Unix epoch: a request at time t counts
@@ -44,10 +44,9 @@ func NewSlidingWindow(rdb redis.Scripter, limit int, window, precision time.Dura
 	l, err := newLimiter(rdb, spec{
 		algorithm: algorithm,
 		code:      "sw",
-		script:    slidingWindowScript,
 		limits:    []int{limit},
 		windows:   []time.Duration{window},
-	}.sliding("W4", precisionUS, []int64{size}), opts)
+	}.sliding("w", precisionUS, []int64{size}), opts)
 	if err != nil {
 		return nil, err
 	}
