@@ -21,12 +21,15 @@
 -- decimal count of every permit granted on the key up to and including that
 -- bucket (cumulative, so members are unique and the count in any span of
 -- buckets is one subtraction). And one meta member, score +inf:
---   "<kind>6 G R Ln Wn base C"   (kind w or l, format 6)
+--   "<kind>6 G R Ln Wn base C" then ";until P L_1 S_1 L_2 S_2 ..." for each
+--   configuration that granted (kind w or l, format 6)
 -- G the grid (µs, the first writer's precision); R the longest window (µs)
 -- of any configuration that granted; Ln per Wn µs the densest strategy of
 -- any configuration that granted; base the cumulative count of the last
--- bucket trimmed away; C the first bucket index still fully known.
--- Configurations sharing a key (WithPrefix) all read it by the same rule.
+-- bucket trimmed away; C the first bucket index still fully known. Each
+-- configuration's strategies bind every call until its last grant leaves
+-- its longest window (until, µs). Configurations sharing a key
+-- (WithPrefix) all read it by the same rule.
 --
 -- The reply is six integers: allowed (0/1), remaining, retry-after µs (-1:
 -- never), reset-after µs, the index of the strategy reported, and stable µs:
@@ -35,7 +38,7 @@
 
 local KEY = KEYS[1]
 local KIND = ARGV[3]
-local META = '^' .. KIND .. '6 (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$'
+local META = '^' .. KIND .. '6 (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)(.*)$'
 -- Above every bucket index (they stay below 2^52 / 1000) and below the meta.
 local LAST_INDEX = '9007199254740992'
 local NOT_OURS = ', not redlimit state; it was left unchanged'
@@ -53,23 +56,31 @@ local function ceil_div(a, b)
   return idiv(a + b - 1, b)
 end
 
--- The request and the configuration, from ARGV.
+-- A strategy: at most L permits in S buckets of P µs.
+local function add_rules(rules, P, numbers, from)
+  for i = from, #numbers, 2 do
+    rules[#rules + 1] = {L = numbers[i] + 0, S = numbers[i + 1] + 0, P = P}
+  end
+end
+
+-- The request and the configuration, from ARGV: its strategies come first
+-- in cfg.rules (cfg.own of them), other configurations' follow.
 local function read_args()
-  local cfg = {n = ARGV[2] + 0, P = ARGV[4] + 0, limits = {}, sizes = {}, Ld = 0, Wd = 1}
+  local cfg = {n = ARGV[2] + 0, P = ARGV[4] + 0, rules = {}, Ld = 0, Wd = 1}
   if ARGV[1] == '' then
     local t = redis.call('TIME')
     cfg.now = t[1] * 1000000 + t[2]
   else
     cfg.now = ARGV[1] + 0
   end
-  for i = 5, #ARGV, 2 do
-    local limit, window = ARGV[i] + 0, ARGV[i + 1] * cfg.P
-    cfg.limits[#cfg.limits + 1], cfg.sizes[#cfg.sizes + 1] = limit, ARGV[i + 1] + 0
+  add_rules(cfg.rules, cfg.P, ARGV, 5)
+  cfg.own, cfg.sig = #cfg.rules, table.concat(ARGV, ' ', 4)
+  for _, r in ipairs(cfg.rules) do
     -- The densest strategy (most permits per µs) bounds what this
     -- configuration can grant in any span.
-    if limit * cfg.Wd > cfg.Ld * window then cfg.Ld, cfg.Wd = limit, window end
-    cfg.window = window
+    if r.L * cfg.Wd > cfg.Ld * r.S * r.P then cfg.Ld, cfg.Wd = r.L, r.S * r.P end
   end
+  cfg.window = cfg.rules[cfg.own].S * cfg.P
   return cfg
 end
 
@@ -77,7 +88,7 @@ end
 -- on the configuration's grid. A hash in the previous released format ("W4"
 -- or "L4" in field m) reads as empty, and the first grant replaces it.
 local function read_state(cfg)
-  local st = {G = cfg.P, R = 0, Ln = 0, Wn = 1, base = 0, C = 0, cum = 0, tail = -1}
+  local st = {G = cfg.P, R = 0, Ln = 0, Wn = 1, base = 0, C = 0, cum = 0, tail = -1, others = ''}
   local rows = redis.pcall('ZRANGE', KEY, -2, -1, 'WITHSCORES')
   if rows.err then
     local m = redis.pcall('HGET', KEY, 'm')
@@ -88,9 +99,9 @@ local function read_state(cfg)
     return nil, 'another type than sliding state'
   end
   if #rows == 0 then return st end
-  local G, R, Ln, Wn, base, C = string.match(rows[#rows - 1], META)
+  local G, R, Ln, Wn, base, C, others = string.match(rows[#rows - 1], META)
   if not G then return nil, 'a sorted set that is not sliding state' end
-  st.meta = rows[#rows - 1]
+  st.meta, st.others = rows[#rows - 1], others
   st.G, st.R, st.Ln, st.Wn, st.base, st.C = G + 0, R + 0, Ln + 0, Wn + 0, base + 0, C + 0
   st.cum = st.base
   if #rows == 4 then
@@ -100,9 +111,26 @@ local function read_state(cfg)
   return st
 end
 
+-- The strategies of the other configurations whose last grant is still in
+-- their longest window bind this call too; the others' entries are kept
+-- for the next write. So while configurations alternate, every grant
+-- satisfies all of them.
+local function other_rules(cfg, st)
+  local kept = {}
+  for till, sig in string.gmatch(st.others, ';(%d+) ([%d ]+)') do
+    if till + 0 > cfg.now and sig ~= cfg.sig then
+      local numbers = {}
+      for x in string.gmatch(sig, '%d+') do numbers[#numbers + 1] = x end
+      add_rules(cfg.rules, numbers[1] + 0, numbers, 2)
+      kept[#kept + 1] = ';' .. till .. ' ' .. sig
+    end
+  end
+  cfg.kept = table.concat(kept)
+end
+
 -- The meta member, rewritten when it changed.
 local function write_meta(st)
-  local meta = string.format('%s6 %d %d %d %d %d %d', KIND, st.G, st.R, st.Ln, st.Wn, st.base, st.C)
+  local meta = string.format('%s6 %d %d %d %d %d %d', KIND, st.G, st.R, st.Ln, st.Wn, st.base, st.C) .. st.others
   if meta == st.meta then return end
   if st.meta then redis.call('ZREM', KEY, st.meta) end
   redis.call('ZADD', KEY, '+inf', meta)
@@ -124,7 +152,7 @@ local function fold(cfg, st)
   -- Buckets from C on are known: none of this configuration's windows
   -- reaches before C, and what was removed is forgotten, as when the
   -- clock is not moved (the reference model's rule).
-  local longest = (idiv(cfg.now, cfg.P) - cfg.sizes[#cfg.sizes] + 1) * cfg.P
+  local longest = (idiv(cfg.now, cfg.P) - cfg.rules[cfg.own].S + 1) * cfg.P
   st.C = math.min(math.max(st.C, from), idiv(longest, st.G))
   st.tail, cfg.folded = b, true
   -- It removes the old tail at least: a write, after which Redis takes
@@ -139,7 +167,8 @@ end
 
 -- The time bucket k of the key's grid leaves strategy i's window.
 local function leaves(cfg, st, k, i)
-  return (ceil_div((k + 1) * st.G, cfg.P) + cfg.sizes[i] - 1) * cfg.P
+  local r = cfg.rules[i]
+  return (ceil_div((k + 1) * st.G, r.P) + r.S - 1) * r.P
 end
 
 -- Each strategy's window [ws, now] counts the state buckets from the one
@@ -150,8 +179,8 @@ end
 -- used, up to what the densest writer could have granted there.
 local function locate(cfg, st)
   local w = {first = {}, known = {}, count = {}}
-  for i, size in ipairs(cfg.sizes) do
-    local ws = (idiv(cfg.now, cfg.P) - size + 1) * cfg.P
+  for i, r in ipairs(cfg.rules) do
+    local ws = (idiv(cfg.now, r.P) - r.S + 1) * r.P
     local first, before, known = idiv(ws, st.G), st.cum, true
     if st.tail >= first then
       local row = redis.call('ZREVRANGEBYSCORE', KEY, '(' .. first, '-inf', 'LIMIT', 0, 1)
@@ -174,9 +203,10 @@ end
 -- (then it drops at each of this configuration's buckets), the RetryAfter
 -- is the time the tail leaves: longer than the truth, never shorter.
 local function window_times(cfg, st, w, i)
-  local retry, change = leaves(cfg, st, st.tail, i) - cfg.now, cfg.P - cfg.now % cfg.P
+  local P = cfg.rules[i].P
+  local retry, change = leaves(cfg, st, st.tail, i) - cfg.now, P - cfg.now % P
   if not w.known[i] then return retry, change end
-  local target = st.cum + cfg.n - cfg.limits[i]
+  local target = st.cum + cfg.n - cfg.rules[i].L
   local rows = redis.call('ZRANGEBYSCORE', KEY, w.first[i], LAST_INDEX, 'WITHSCORES', 'LIMIT', 0, SCAN)
   change = leaves(cfg, st, rows[2] + 0, i) - cfg.now
   for j = 1, #rows, 2 do
@@ -186,21 +216,23 @@ local function window_times(cfg, st, w, i)
 end
 
 -- allowed, and when denied the strategy reported (the longest RetryAfter,
--- the first of equals), its RetryAfter (-1: never) and how long the denial
--- stays as it is: until the first count drops.
+-- the first of equals; none when another configuration's denies longest),
+-- its RetryAfter (-1: never) and how long the denial stays as it is: until
+-- the first count drops.
 local function decide(cfg, st, w)
-  if cfg.n > cfg.limits[1] then return false, 1, -1, 0 end
+  if cfg.n > cfg.rules[1].L then return false, 1, -1, 0 end
   if cfg.n == 0 then return true end
   local worst, retry, stable = nil, 0, math.huge
-  for i, limit in ipairs(cfg.limits) do
+  for i, r in ipairs(cfg.rules) do
     if w.count[i] > 0 then
-      local r, change = window_times(cfg, st, w, i)
+      local after, change = window_times(cfg, st, w, i)
       stable = math.min(stable, change)
-      if w.count[i] + cfg.n > limit and (not worst or r > retry) then worst, retry = i, r end
+      if w.count[i] + cfg.n > r.L and (not worst or after > retry) then worst, retry = i, after end
     end
   end
-  if worst then return false, worst, retry, stable end
-  return true
+  if not worst then return true end
+  if worst > cfg.own then worst = nil end
+  return false, worst, retry, stable
 end
 
 -- Buckets that left the longest window of every configuration go, SCAN at
@@ -224,20 +256,22 @@ local function apply(cfg, st, b)
   if cfg.window > st.R then st.R = cfg.window end
   if cfg.Ld * st.Wn > st.Ln * cfg.Wd then st.Ln, st.Wn = cfg.Ld, cfg.Wd end
   if st.tail ~= b then trim(cfg, st) end
+  st.others = cfg.kept .. string.format(';%d ', leaves(cfg, st, b, cfg.own)) .. cfg.sig
   write_meta(st)
   redis.call('PEXPIRE', KEY, ceil_div((b + 1) * st.G + st.R - cfg.now, 1000))
   st.tail, st.cum = b, st.cum + cfg.n
 end
 
--- Remaining is the fewest permits left (reported: the first strategy with
--- that many, unless a denial names another); ResetAfter the time the tail
--- leaves the longest window.
+-- Remaining is the fewest permits left (reported: this configuration's
+-- first strategy with the fewest, unless a denial names another);
+-- ResetAfter the time the tail leaves the longest window.
 local function reply(cfg, st, w, allowed, reported, retry, stable)
   local used = allowed and cfg.n or 0
-  local remaining, fewest, reset = nil, 1, 0
-  for i, limit in ipairs(cfg.limits) do
-    local left = math.max(0, limit - w.count[i] - used)
-    if not remaining or left < remaining then remaining, fewest = left, i end
+  local remaining, fewest, own_left, reset = nil, 1, nil, 0
+  for i, r in ipairs(cfg.rules) do
+    local left = math.max(0, r.L - w.count[i] - used)
+    if not remaining or left < remaining then remaining = left end
+    if i <= cfg.own and (not own_left or left < own_left) then own_left, fewest = left, i end
     reset = math.max(reset, leaves(cfg, st, st.tail, i) - cfg.now)
   end
   if allowed or cfg.folded then stable = 0 end
@@ -249,6 +283,7 @@ local cfg = read_args()
 local st, foreign = read_state(cfg)
 if not st then return redis.error_reply('NOTOURS holds ' .. foreign .. NOT_OURS) end
 local b = fold(cfg, st)
+other_rules(cfg, st)
 local w = locate(cfg, st)
 local allowed, reported, retry, stable = decide(cfg, st, w)
 if allowed and cfg.n > 0 then apply(cfg, st, b) end
