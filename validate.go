@@ -60,11 +60,14 @@ func bucketsPerWindow(algorithm string, window, precision time.Duration) (size, 
 // are s.limits, with window sizes (in buckets of precisionUS) sizes, by
 // window ascending: the state format and the script's ARGV (kind, "w" for
 // a sliding window or "l" for a sliding log, precision, then limit and size
-// of each strategy; scripts/sliding.lua).
+// of each strategy, and "1" under WithPrefix; scripts/sliding.lua).
 func (s spec) sliding(kind string, precisionUS int64, sizes []int64) spec {
 	s.format = 6
 	s.script = slidingScript
 	s.args = []any{kind, precisionUS}
+	// Under WithPrefix, other configurations may share the key: the
+	// script then keeps each one's strategies in the state.
+	s.sharedArgs = []any{1}
 	for i, limit := range s.limits {
 		s.args = append(s.args, limit, sizes[i])
 	}

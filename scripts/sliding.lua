@@ -12,6 +12,8 @@
 -- ARGV[5]  limit L_1 of the shortest strategy (permits)
 -- ARGV[6]  size S_1 of the shortest strategy (its window in buckets of P)
 -- ...      L_i, S_i of each next strategy, windows and limits ascending
+-- last     under WithPrefix only: "1", the key may be shared with other
+--          configurations (a default key's prefix names its configuration)
 --
 -- Every time and duration is an integer number of µs held in a Lua number
 -- (exact below 2^53; the Go side keeps every value below it).
@@ -21,15 +23,16 @@
 -- decimal count of every permit granted on the key up to and including that
 -- bucket (cumulative, so members are unique and the count in any span of
 -- buckets is one subtraction). And one meta member, score +inf:
---   "<kind>6 G R Ln Wn base C" then ";until P L_1 S_1 L_2 S_2 ..." for each
---   configuration that granted (kind w or l, format 6)
+--   "<kind>6 G R Ln Wn base C"   (kind w or l, format 6)
 -- G the grid (µs, the first writer's precision); R the longest window (µs)
 -- of any configuration that granted; Ln per Wn µs the densest strategy of
 -- any configuration that granted; base the cumulative count of the last
--- bucket trimmed away; C the first bucket index still fully known. Each
--- configuration's strategies bind every call until its last grant leaves
--- its longest window (until, µs). Configurations sharing a key
--- (WithPrefix) all read it by the same rule.
+-- bucket trimmed away; C the first bucket index still fully known. And one
+-- member per configuration that granted, score -until, text "P L_1 S_1
+-- L_2 S_2 ...": its strategies bind every call until its last grant leaves
+-- its longest window (until, Unix µs). Configurations sharing a key
+-- (WithPrefix) all read it by the same rule; a default key, which only
+-- one configuration ever reads, keeps no such member.
 --
 -- The reply is six integers: allowed (0/1), remaining, retry-after µs (-1:
 -- never), reset-after µs, the index of the strategy reported, and stable µs:
@@ -38,7 +41,8 @@
 
 local KEY = KEYS[1]
 local KIND = ARGV[3]
-local META = '^' .. KIND .. '6 (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)(.*)$'
+local SHARED = #ARGV % 2 == 1
+local META = '^' .. KIND .. '6 (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$'
 -- Above every bucket index (they stay below 2^52 / 1000) and below the meta.
 local LAST_INDEX = '9007199254740992'
 local NOT_OURS = ', not redlimit state; it was left unchanged'
@@ -56,9 +60,10 @@ local function ceil_div(a, b)
   return idiv(a + b - 1, b)
 end
 
--- A strategy: at most L permits in S buckets of P µs.
-local function add_rules(rules, P, numbers, from)
-  for i = from, #numbers, 2 do
+-- Strategies from numbers[from..last], limit and size in turn: at most L
+-- permits in S buckets of P µs.
+local function add_rules(rules, P, numbers, from, last)
+  for i = from, last, 2 do
     rules[#rules + 1] = {L = numbers[i] + 0, S = numbers[i + 1] + 0, P = P}
   end
 end
@@ -73,8 +78,10 @@ local function read_args()
   else
     cfg.now = ARGV[1] + 0
   end
-  add_rules(cfg.rules, cfg.P, ARGV, 5)
-  cfg.own, cfg.sig = #cfg.rules, table.concat(ARGV, ' ', 4)
+  local last = #ARGV
+  if SHARED then last = last - 1 end
+  add_rules(cfg.rules, cfg.P, ARGV, 5, last)
+  cfg.own, cfg.sig = #cfg.rules, table.concat(ARGV, ' ', 4, last)
   for _, r in ipairs(cfg.rules) do
     -- The densest strategy (most permits per µs) bounds what this
     -- configuration can grant in any span.
@@ -88,7 +95,7 @@ end
 -- on the configuration's grid. A hash in the previous released format ("W4"
 -- or "L4" in field m) reads as empty, and the first grant replaces it.
 local function read_state(cfg)
-  local st = {G = cfg.P, R = 0, Ln = 0, Wn = 1, base = 0, C = 0, cum = 0, tail = -1, others = ''}
+  local st = {G = cfg.P, R = 0, Ln = 0, Wn = 1, base = 0, C = 0, cum = 0, tail = -1, entries = {}}
   local rows = redis.pcall('ZRANGE', KEY, -2, -1, 'WITHSCORES')
   if rows.err then
     local m = redis.pcall('HGET', KEY, 'm')
@@ -99,9 +106,10 @@ local function read_state(cfg)
     return nil, 'another type than sliding state'
   end
   if #rows == 0 then return st end
-  local G, R, Ln, Wn, base, C, others = string.match(rows[#rows - 1], META)
+  local G, R, Ln, Wn, base, C = string.match(rows[#rows - 1], META)
   if not G then return nil, 'a sorted set that is not sliding state' end
-  st.meta, st.others = rows[#rows - 1], others
+  st.meta = rows[#rows - 1]
+  if SHARED then st.entries = redis.call('ZRANGEBYSCORE', KEY, '-inf', '(0', 'WITHSCORES') end
   st.G, st.R, st.Ln, st.Wn, st.base, st.C = G + 0, R + 0, Ln + 0, Wn + 0, base + 0, C + 0
   st.cum = st.base
   if #rows == 4 then
@@ -112,25 +120,24 @@ local function read_state(cfg)
 end
 
 -- The strategies of the other configurations whose last grant is still in
--- their longest window bind this call too; the others' entries are kept
--- for the next write. So while configurations alternate, every grant
--- satisfies all of them.
+-- their longest window bind this call too. So while configurations
+-- alternate, every grant satisfies all of them.
 local function other_rules(cfg, st)
-  local kept = {}
-  for till, sig in string.gmatch(st.others, ';(%d+) ([%d ]+)') do
-    if till + 0 > cfg.now and sig ~= cfg.sig then
+  for j = 1, #st.entries, 2 do
+    local sig, till = st.entries[j], -st.entries[j + 1]
+    if sig == cfg.sig then
+      cfg.own_until = till
+    elseif till > cfg.now then
       local numbers = {}
       for x in string.gmatch(sig, '%d+') do numbers[#numbers + 1] = x end
-      add_rules(cfg.rules, numbers[1] + 0, numbers, 2)
-      kept[#kept + 1] = ';' .. till .. ' ' .. sig
+      add_rules(cfg.rules, numbers[1] + 0, numbers, 2, #numbers)
     end
   end
-  cfg.kept = table.concat(kept)
 end
 
 -- The meta member, rewritten when it changed.
 local function write_meta(st)
-  local meta = string.format('%s6 %d %d %d %d %d %d', KIND, st.G, st.R, st.Ln, st.Wn, st.base, st.C) .. st.others
+  local meta = string.format('%s6 %d %d %d %d %d %d', KIND, st.G, st.R, st.Ln, st.Wn, st.base, st.C)
   if meta == st.meta then return end
   if st.meta then redis.call('ZREM', KEY, st.meta) end
   redis.call('ZADD', KEY, '+inf', meta)
@@ -147,7 +154,7 @@ local function fold(cfg, st)
   local b = idiv(cfg.now, st.G)
   if st.tail <= b then return b end
   local from = idiv((st.tail + 1) * st.G - st.R, st.G)
-  local row = redis.call('ZREVRANGEBYSCORE', KEY, '(' .. from, '-inf', 'LIMIT', 0, 1)
+  local row = redis.call('ZREVRANGEBYSCORE', KEY, '(' .. from, 0, 'LIMIT', 0, 1)
   if row[1] then st.base = row[1] + 0 end
   -- Buckets from C on are known: none of this configuration's windows
   -- reaches before C, and what was removed is forgotten, as when the
@@ -158,7 +165,7 @@ local function fold(cfg, st)
   -- It removes the old tail at least: a write, after which Redis takes
   -- the rest even at maxmemory.
   if type(redis.pcall('ZREMRANGEBYSCORE', KEY, b, LAST_INDEX)) ~= 'number' then return b end
-  redis.call('ZREMRANGEBYSCORE', KEY, '-inf', '(' .. from)
+  redis.call('ZREMRANGEBYSCORE', KEY, 0, '(' .. from)
   st.tail_member = string.format('%d', st.cum)
   redis.call('ZADD', KEY, b, st.tail_member)
   write_meta(st)
@@ -183,7 +190,7 @@ local function locate(cfg, st)
     local ws = (idiv(cfg.now, r.P) - r.S + 1) * r.P
     local first, before, known = idiv(ws, st.G), st.cum, true
     if st.tail >= first then
-      local row = redis.call('ZREVRANGEBYSCORE', KEY, '(' .. first, '-inf', 'LIMIT', 0, 1)
+      local row = redis.call('ZREVRANGEBYSCORE', KEY, '(' .. first, 0, 'LIMIT', 0, 1)
       before = st.base
       if row[1] then
         before = row[1] + 0
@@ -240,9 +247,9 @@ end
 -- on it: a window's count is a difference of cumulative counts either way.
 local function trim(cfg, st)
   local cutoff = idiv(cfg.now - st.R, st.G)
-  local rows = redis.call('ZRANGEBYSCORE', KEY, '-inf', '(' .. cutoff, 'WITHSCORES', 'LIMIT', 0, SCAN)
+  local rows = redis.call('ZRANGEBYSCORE', KEY, 0, '(' .. cutoff, 'WITHSCORES', 'LIMIT', 0, SCAN)
   if #rows == 0 then return end
-  redis.call('ZREMRANGEBYRANK', KEY, 0, #rows / 2 - 1)
+  redis.call('ZREMRANGEBYSCORE', KEY, 0, rows[#rows])
   st.base, st.C = rows[#rows - 1] + 0, rows[#rows] + 1
 end
 
@@ -256,8 +263,11 @@ local function apply(cfg, st, b)
   if cfg.window > st.R then st.R = cfg.window end
   if cfg.Ld * st.Wn > st.Ln * cfg.Wd then st.Ln, st.Wn = cfg.Ld, cfg.Wd end
   if st.tail ~= b then trim(cfg, st) end
-  st.others = cfg.kept .. string.format(';%d ', leaves(cfg, st, b, cfg.own)) .. cfg.sig
   write_meta(st)
+  -- This configuration's entry, and the others' that lapsed.
+  local till = leaves(cfg, st, b, cfg.own)
+  if SHARED and till ~= cfg.own_until then redis.call('ZADD', KEY, -till, cfg.sig) end
+  if SHARED and st.tail ~= b then redis.call('ZREMRANGEBYSCORE', KEY, -cfg.now, '(0') end
   redis.call('PEXPIRE', KEY, ceil_div((b + 1) * st.G + st.R - cfg.now, 1000))
   st.tail, st.cum = b, st.cum + cfg.n
 end

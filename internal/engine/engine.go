@@ -259,7 +259,7 @@ func (e *Engine) redisError(ctx context.Context, key, op string, err error) erro
 }
 
 // foreignPrefix starts the error reply of a script that found a value it
-// did not write (common.lua's not_ours).
+// did not write: "NOTOURS holds <what>, ...".
 const foreignPrefix = "NOTOURS "
 
 // checkArgs checks what every call carries. A nil ctx is refused like a bad
