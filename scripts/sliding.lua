@@ -121,8 +121,10 @@ end
 
 -- The strategies of the other configurations whose last grant is still in
 -- their longest window bind this call too. So while configurations
--- alternate, every grant satisfies all of them.
+-- alternate, every grant satisfies all of them. cfg.stable: until the
+-- first of them lapses, the rules stay as they are.
 local function other_rules(cfg, st)
+  cfg.stable = math.huge
   for j = 1, #st.entries, 2 do
     local sig, till = st.entries[j], -st.entries[j + 1]
     if sig == cfg.sig then
@@ -131,6 +133,7 @@ local function other_rules(cfg, st)
       local numbers = {}
       for x in string.gmatch(sig, '%d+') do numbers[#numbers + 1] = x end
       add_rules(cfg.rules, numbers[1] + 0, numbers, 2, #numbers)
+      cfg.stable = math.min(cfg.stable, till - cfg.now)
     end
   end
 end
@@ -229,7 +232,7 @@ end
 local function decide(cfg, st, w)
   if cfg.n > cfg.rules[1].L then return false, 1, -1, 0 end
   if cfg.n == 0 then return true end
-  local worst, retry, stable = nil, 0, math.huge
+  local worst, retry, stable = nil, 0, cfg.stable
   for i, r in ipairs(cfg.rules) do
     if w.count[i] > 0 then
       local after, change = window_times(cfg, st, w, i)
