@@ -20,9 +20,10 @@ import (
 // left over all strategies, and when allowed Limit is that strategy's limit.
 // ResetAfter is the longest over all strategies. A request for more permits
 // than the smallest limit is denied with RetryAfter == Never. Strategies of
-// other configurations sharing the key (WithPrefix) bind too, as for
-// SlidingWindow; a denial by one of them alone reports the strategy with
-// the fewest permits left.
+// other sliding logs sharing the key (WithPrefix) bind too, as for
+// SlidingWindow, and count in Remaining; a denial whose longest RetryAfter
+// is theirs reports this log's strategy with the fewest permits left, with
+// that RetryAfter.
 type SlidingLog struct {
 	limiter
 }
