@@ -244,8 +244,8 @@ func manyBuckets(t *testing.T, l Limiter, clock *fakeClock, key string, buckets 
 
 // Thousands of buckets leaving the window at once: every call decides, and
 // exactly (a window's count is a difference of cumulative counts, whatever
-// has been trimmed); each grant that opens a bucket trims at most 8 dead
-// ones.
+// has been trimmed); grants that open buckets trim at most 8 dead ones at a
+// time, once every 8 permits.
 func TestSlidingManyBucketsLeaveAtOnce(t *testing.T) {
 	t.Parallel()
 	for _, a := range []struct {
@@ -287,12 +287,17 @@ func TestSlidingManyBucketsLeaveAtOnce(t *testing.T) {
 				last, err := l.AllowN(ctx, "k", 0)
 				require.NoError(t, err)
 				require.Equal(t, a.remaining(buckets), last.Remaining, "only the late permit counts")
+				// Grants in new buckets trim 8 dead ones each time they pass a
+				// multiple of 8 permits.
 				size := b.rdb.ZCard(ctx, keyPrefix(l)+"k").Val()
-				r, err = l.Allow(ctx, "k")
-				require.NoError(t, err)
-				require.True(t, r.Allowed)
-				require.Equal(t, a.remaining(buckets)-1, r.Remaining)
-				require.Equal(t, size+1-8, b.rdb.ZCard(ctx, keyPrefix(l)+"k").Val(), "a grant in a new bucket trims 8 dead ones")
+				for i := range 8 {
+					clock.Advance(time.Millisecond)
+					r, err = l.Allow(ctx, "k")
+					require.NoError(t, err)
+					require.True(t, r.Allowed)
+					require.Equal(t, a.remaining(buckets)-1-i, r.Remaining)
+				}
+				require.Equal(t, size+8-8, b.rdb.ZCard(ctx, keyPrefix(l)+"k").Val(), "8 grants in new buckets trim 8 dead ones")
 			})
 		})
 	}
