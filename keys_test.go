@@ -147,8 +147,8 @@ func TestDefaultKeyFingerprint(t *testing.T) {
 // configurations in this release.
 var goldenPrefixes = map[string]string{
 	"fw": "redlimit:fw:7vja75:",
-	"sw": "redlimit:sw:upnipq:",
-	"sl": "redlimit:sl:j490bo:",
+	"sw": "redlimit:sw:6u089o:", // state format 6: the sorted set of cumulative counts
+	"sl": "redlimit:sl:e6karp:", // state format 6
 	"lb": "redlimit:lb:jfq72b:",
 	"tb": "redlimit:tb:r0ao0p:",
 }

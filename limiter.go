@@ -271,7 +271,6 @@ type spec struct {
 	sharedArgs []any
 	limits     []int
 	windows    []time.Duration // Window of each limit, for ViolationStrategyError
-	log        *engine.Log     // the sliding limiters' strategies, for their grant replies
 }
 
 // defaultPrefix is the key prefix of a limiter without WithPrefix:
@@ -336,7 +335,6 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 		Source:    s.script.source,
 		Args:      args,
 		Policies:  len(s.limits),
-		Log:       s.log,
 		Clock:     o.clock,
 		DenyCache: o.denyCache,
 		Capacity:  slices.Min(s.limits),

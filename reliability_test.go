@@ -1077,18 +1077,17 @@ func TestReliabilityNetworkLatency(t *testing.T) {
 
 // TestReliabilityMiniredisMinuteBuckets: a denial by a sliding window or log
 // whose buckets are coarser than about 27s must be as quick on miniredis
-// (the examples' embedded default) as anywhere else. buckets.lua caches
-// buckets in a Lua table indexed by bucket number; gopher-lua, the Lua of
-// miniredis, keeps integer keys below 2^26 in the table's array part and
-// fills every slot up to the key, so with minute buckets (numbers near
-// 3×10^7 today) each denial allocates about half a gigabyte and takes
-// seconds.
+// (the examples' embedded default) as anywhere else. gopher-lua, the Lua
+// of miniredis, keeps integer keys below 2^26 in a table's array part and
+// fills every slot up to the key: a script that indexed a Lua table by
+// bucket number (numbers near 3×10^7 today with minute buckets) allocated
+// about half a gigabyte a denial.
 func TestReliabilityMiniredisMinuteBuckets(t *testing.T) {
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { rdb.Close() })
-	// The sliding log runs the same buckets.lua; one case is enough, as
-	// each slow call allocates so much.
+	// The sliding log runs the same script; one case is enough, as each
+	// slow call would allocate so much.
 	l, err := NewSlidingWindow(rdb, 1, time.Hour, time.Minute)
 	require.NoError(t, err)
 	r, err := l.Allow(context.Background(), "minute")

@@ -295,117 +295,51 @@ func TestSharedKeySlidingAnyPair(t *testing.T) {
 	})
 }
 
-// A sliding key written by the previous state format ("w"/"l" meta, whose
-// strategies carry no limit) under an explicit prefix is read, never an
-// error: its buckets keep counting, its strategies give way to the
-// caller's.
-// seedSlidingKey builds a limiter under prefix on a fake clock half a
-// second past epoch, and writes at its key "k" the meta field meta and
-// bucket b (1s buckets) holding 3 permits, with an hour's TTL: a state an
-// earlier release wrote.
-func seedSlidingKey(t *testing.T, be backend, build func(redis.Scripter, ...Option) (Limiter, error), prefix, meta string, b int64) (Limiter, *fakeClock, string) {
-	t.Helper()
-	ctx := context.Background()
-	clock := newClock()
-	clock.Advance(500 * time.Millisecond)
-	l, err := build(be.rdb, WithPrefix(prefix), WithClock(clock.Now))
-	require.NoError(t, err)
-	key := l.(interface{ RedisKey(string) string }).RedisKey("k")
-	require.NoError(t, be.rdb.HSet(ctx, key, "m", meta, fmt.Sprint(b), "3").Err())
-	require.NoError(t, be.rdb.PExpire(ctx, key, time.Hour).Err())
-	return l, clock, key
-}
-
-func TestSlidingReadsPreviousFormat(t *testing.T) {
+// A sliding key in the previous released format (a hash whose field m
+// holds "W4 ..." or "L4 ...") is ours but no longer read: it counts as
+// empty, and the first grant replaces it with the sorted set. A hash of
+// the other kind, or without that field, stays foreign.
+func TestSlidingReplacesPreviousFormat(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := epoch.Unix() // bucket index at a precision of 1s
 	for _, tc := range []struct {
 		name, meta string
 		make       func(rdb redis.Scripter, opts ...Option) (Limiter, error)
 	}{
-		{"sliding_window", fmt.Sprintf("w 1000000 1 10 %d 3 %d 10 3 %d 3", b, b, b),
+		{"sliding_window", "W4 1000000 1 0 10 3 0",
 			func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
 				return NewSlidingWindow(rdb, 3, 10*time.Second, time.Second, opts...)
 			}},
-		{"sliding_log", fmt.Sprintf("l 1000000 2 2 10 %d 3 %d 10 3 %d 3 %d 3", b, b, b, b),
+		{"sliding_log", "L4 1000000 2 0 2 3 0 0 10 5 0",
 			func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
 				return NewSlidingLog(rdb, time.Second, []Strategy{{Limit: 3, Window: 2 * time.Second}, {Limit: 5, Window: 10 * time.Second}}, opts...)
 			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, be backend) {
-				l, clock, _ := seedSlidingKey(t, be, tc.make, "fmt2:", tc.meta, b)
-				r, err := l.Allow(ctx, "k")
-				require.NoError(t, err, "a key in the previous format is read")
-				require.False(t, r.Allowed, "its 3 permits still count: %+v", r)
-				clock.Advance(10 * time.Second)
-				r, err = l.Allow(ctx, "k")
+				clock := newClock()
+				l, err := tc.make(be.rdb, WithPrefix("fmt4:"), WithClock(clock.Now))
 				require.NoError(t, err)
-				require.True(t, r.Allowed, "once they left the window: %+v", r)
-			})
-		})
-	}
-}
-
-// Keys in format 3, the format before the newest bucket's count moved into
-// the meta, are read under WithPrefix (where a rolling upgrade meets them):
-// their permits keep counting, the first grant writes format 4, and the
-// format-3 field of the old newest bucket, left behind, is overwritten
-// when the tail moves on, never read as a count.
-func TestSlidingReadsFormat3(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	b := epoch.Unix() // bucket index at a precision of 1s
-	for _, tc := range []struct {
-		name, meta string
-		make       func(rdb redis.Scripter, opts ...Option) (Limiter, error)
-	}{
-		// 3 permits in bucket b, limit 5 per 10s.
-		{"sliding_window", fmt.Sprintf("W 1000000 1 0 10 5 0 %d 3 0 3 0 3", b),
-			func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
-				return NewSlidingWindow(rdb, 5, 10*time.Second, time.Second, opts...)
-			}},
-		// The same, and a longer strategy of 50 per 100s.
-		{"sliding_log", fmt.Sprintf("L 1000000 2 0 10 5 0 0 100 50 0 %d 3 0 3 0 3 0 3", b),
-			func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
-				return NewSlidingLog(rdb, time.Second, []Strategy{{Limit: 5, Window: 10 * time.Second}, {Limit: 50, Window: 100 * time.Second}}, opts...)
-			}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			forEachBackend(t, func(t *testing.T, be backend) {
-				l, clock, key := seedSlidingKey(t, be, tc.make, "fmt3:", tc.meta, b)
-
-				// Two seconds on: 2 of the 5 are left.
-				clock.Advance(2 * time.Second)
+				key := "fmt4:k"
+				require.NoError(t, be.rdb.HSet(ctx, key, "m", tc.meta, "1800000000", "3").Err())
+				require.NoError(t, be.rdb.PExpire(ctx, key, time.Hour).Err())
 				r, err := l.AllowN(ctx, "k", 0)
-				require.NoError(t, err, "a key in format 3 is read")
-				require.Equal(t, 2, r.Remaining, "its 3 permits still count")
+				require.NoError(t, err, "a key in the previous format is ours")
+				require.Equal(t, 3, r.Remaining, "and reads as empty: %+v", r)
+				require.Equal(t, "hash", be.rdb.Type(ctx, key).Val(), "n == 0 writes nothing")
 				r, err = l.Allow(ctx, "k")
-				require.NoError(t, err)
-				require.True(t, r.Allowed)
-				meta, err := be.rdb.HGet(ctx, key, "m").Result()
-				require.NoError(t, err)
-				require.Equal(t, tc.meta[:1]+"4", meta[:2], "a grant writes format 4: %q", meta)
-				require.Equal(t, fmt.Sprintf("3 %d", b+2), be.rdb.HGet(ctx, key, fmt.Sprint(b)).Val(), "the old tail's field links to the new tail")
-
-				// In the new tail's bucket, and in a later one.
-				r, err = l.Allow(ctx, "k")
-				require.NoError(t, err)
-				require.True(t, r.Allowed)
-				require.Equal(t, 0, r.Remaining)
-				clock.Advance(time.Second)
-				r, err = l.Allow(ctx, "k")
-				require.NoError(t, err)
-				require.False(t, r.Allowed, "5 in the window: %+v", r)
-				// Bucket b leaves the window 10s after it began: 3 come back,
-				// exactly then.
-				require.Equal(t, 6500*time.Millisecond, r.RetryAfter)
-				clock.Advance(r.RetryAfter)
-				r, err = l.AllowN(ctx, "k", 3)
 				require.NoError(t, err)
 				require.True(t, r.Allowed, "%+v", r)
-				require.Equal(t, 0, r.Remaining)
+				require.Equal(t, 2, r.Remaining)
+				require.Equal(t, "zset", be.rdb.Type(ctx, key).Val(), "a grant replaces it")
+				r, err = l.Allow(ctx, "k")
+				require.NoError(t, err)
+				require.Equal(t, 1, r.Remaining, "and the new state counts: %+v", r)
+
+				other := "fmt4:other"
+				require.NoError(t, be.rdb.HSet(ctx, other, "m", "X4 1000000", "visits", "3").Err())
+				_, err = l.Allow(ctx, "other")
+				require.ErrorIs(t, err, ErrForeignState)
 			})
 		})
 	}

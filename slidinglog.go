@@ -10,8 +10,6 @@ import (
 	"github.com/redlimit/redlimit/internal/engine"
 )
 
-var slidingLogScript = loadScript("prelude.lua", "sliding.lua", "common.lua", "buckets.lua")
-
 // SlidingLog enforces several sliding-window limits at once (say 10 per
 // second and 500 per hour) over one shared set of buckets of precision, in
 // one atomic call. A request is allowed only if every strategy allows it.
@@ -22,9 +20,10 @@ var slidingLogScript = loadScript("prelude.lua", "sliding.lua", "common.lua", "b
 // left over all strategies, and when allowed Limit is that strategy's limit.
 // ResetAfter is the longest over all strategies. A request for more permits
 // than the smallest limit is denied with RetryAfter == Never. Strategies of
-// other configurations sharing the key (WithPrefix) bind too, as for
-// SlidingWindow; a denial by one of them alone reports the strategy with
-// the fewest permits left.
+// other sliding logs sharing the key (WithPrefix) bind too, as for
+// SlidingWindow, and count in Remaining; a denial whose longest RetryAfter
+// is theirs reports this log's strategy with the fewest permits left, with
+// that RetryAfter.
 type SlidingLog struct {
 	limiter
 }
@@ -73,10 +72,9 @@ func NewSlidingLog(rdb redis.Scripter, precision time.Duration, strategies []Str
 	l, err := newLimiter(rdb, spec{
 		algorithm: algorithm,
 		code:      "sl",
-		script:    slidingLogScript,
 		limits:    limits,
 		windows:   windows,
-	}.sliding("L4", precisionUS, sizes), opts)
+	}.sliding("l", precisionUS, sizes), opts)
 	if err != nil {
 		return nil, err
 	}

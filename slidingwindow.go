@@ -6,23 +6,25 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var slidingWindowScript = loadScript("prelude.lua", "sliding.lua", "common.lua", "buckets.lua")
+var slidingScript = loadScript("sliding.lua")
 
 // SlidingWindow grants at most limit permits in any window, counted in
 // buckets of precision aligned to the Unix epoch: a request at time t counts
 // the permits in the window/precision buckets ending with the one holding t.
 // Unlike a fixed window it never lets 2×limit through across a boundary; the
-// precision trades Redis memory (one hash field per nonempty bucket) against
-// how smoothly old permits leave the window. The cost of a call does not grow
-// with window/precision.
+// precision trades Redis memory (one sorted-set member per nonempty bucket)
+// against how smoothly old permits leave the window. The cost of a call
+// does not grow with window/precision.
 //
 // A denied request's RetryAfter is the time until enough old buckets leave
-// the window; ResetAfter the time until the newest leaves it.
+// the window; ResetAfter the time until the newest leaves it. When the
+// request is larger than 8 one-permit buckets can free, RetryAfter may be
+// longer than that, by less than the window, never shorter.
 //
-// Sliding windows and logs of other configurations that share a key
-// (WithPrefix) are checked too, until their last grant has left their
-// window: while two share a key, both limits hold (README, "Changing limits
-// on live keys").
+// Sliding windows of other configurations that share a key (WithPrefix)
+// are checked too, until their last grant has left their window: while two
+// share a key, both limits hold (README, "Changing limits on live keys").
+// A sliding log's state at the key is foreign (ErrForeignState).
 type SlidingWindow struct {
 	limiter
 }
@@ -44,10 +46,9 @@ func NewSlidingWindow(rdb redis.Scripter, limit int, window, precision time.Dura
 	l, err := newLimiter(rdb, spec{
 		algorithm: algorithm,
 		code:      "sw",
-		script:    slidingWindowScript,
 		limits:    []int{limit},
 		windows:   []time.Duration{window},
-	}.sliding("W4", precisionUS, []int64{size}), opts)
+	}.sliding("w", precisionUS, []int64{size}), opts)
 	if err != nil {
 		return nil, err
 	}

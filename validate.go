@@ -1,9 +1,6 @@
 package redlimit
 
 import (
-	"hash/fnv"
-	"slices"
-	"strconv"
 	"time"
 
 	"github.com/redlimit/redlimit/internal/engine"
@@ -59,58 +56,22 @@ func bucketsPerWindow(algorithm string, window, precision time.Duration) (size, 
 	return windowUS / precisionUS, precisionUS, nil
 }
 
-// slidingArgs returns the sliding scripts' ARGV for strategies (limit and
-// size in buckets each, by window ascending) on buckets of precisionUS: the
-// meta text of this configuration's entries alone, which the script
-// compares with the stored one first (scripts/sliding.lua), then precision,
-// then each strategy's limit and size. tag is "W4" for the sliding window,
-// "L4" for the sliding log: the algorithm and the meta's layout (format 4;
-// the state format, 5, adds the denial stamp).
-func slidingArgs(tag string, precisionUS int64, limits []int, sizes []int64) []any {
-	own := []byte(tag)
-	own = append(own, ' ')
-	own = strconv.AppendInt(own, precisionUS, 10)
-	own = append(own, ' ')
-	own = strconv.AppendInt(own, int64(len(limits)), 10)
-	args := []any{"", precisionUS}
-	for i, limit := range limits {
-		own = append(own, " 0 "...)
-		own = strconv.AppendInt(own, sizes[i], 10)
-		own = append(own, ' ')
-		own = strconv.AppendInt(own, int64(limit), 10)
-		own = append(own, " 0"...)
-		args = append(args, limit, sizes[i])
-	}
-	args[0] = string(own)
-	return args
-}
-
 // sliding completes the spec of a sliding window or log whose strategies
-// are s.limits, with window sizes (in buckets of precisionUS) sizes: the
-// state format, the scripts' ARGV (slidingArgs, and the stamps' owner under
-// WithPrefix), and the same strategies for the engine, which computes a
-// grant's Result from them (engine.ParseReplyText).
-func (s spec) sliding(tag string, precisionUS int64, sizes []int64) spec {
-	s.format = 5
-	s.args = slidingArgs(tag, precisionUS, s.limits, sizes)
-	s.sharedArgs = []any{stampOwner(s.args[0].(string))}
-	s.log = &engine.Log{Precision: precisionUS, Sizes: slices.Clone(sizes)}
-	for _, limit := range s.limits {
-		s.log.Limits = append(s.log.Limits, int64(limit))
+// are s.limits, with window sizes (in buckets of precisionUS) sizes, by
+// window ascending: the state format and the script's ARGV (kind, "w" for
+// a sliding window or "l" for a sliding log, precision, then limit and size
+// of each strategy, and "1" under WithPrefix; scripts/sliding.lua).
+func (s spec) sliding(kind string, precisionUS int64, sizes []int64) spec {
+	s.format = 6
+	s.script = slidingScript
+	s.args = []any{kind, precisionUS}
+	// Under WithPrefix, other configurations may share the key: the
+	// script then keeps each one's strategies in the state.
+	s.sharedArgs = []any{1}
+	for i, limit := range s.limits {
+		s.args = append(s.args, limit, sizes[i])
 	}
 	return s
-}
-
-// stampOwner names a sliding configuration in the denial stamps it writes
-// under WithPrefix, where other configurations may read the key
-// (scripts/sliding.lua): FNV-1a, 64 bits, of its meta text own (args[0] of
-// slidingArgs), in base 32. A default key holds one configuration's state
-// (its prefix is that configuration's fingerprint), and its stamps name
-// none.
-func stampOwner(own string) string {
-	h := fnv.New64a()
-	h.Write([]byte(own))
-	return base32(h.Sum64(), 13)
 }
 
 // bucketArgs checks a bucket's capacity and rate and returns the scripts'

@@ -2,9 +2,12 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/redlimit/redlimit"
 )
@@ -38,39 +41,30 @@ type advState struct {
 }
 
 // writeLog writes a sliding-window state directly, in the layout
-// scripts/buckets.lua keeps: one-permit buckets at the given indices
-// (ascending) and the meta field. Building a million buckets through the
-// limiter would take a million round trips.
+// scripts/sliding.lua keeps: one-permit buckets at the given indices
+// (ascending), each member the cumulative count, and the meta. Building a
+// million buckets through the limiter would take a million round trips.
+// cursor and total are kept for the callers: every bucket counts.
 func writeLog(e *environment, key string, indices []int64, cursor int64, total int64) error {
-	size := int64(advWindow / advPrecision)
+	_, _ = cursor, total
 	pipe := e.admin.Pipeline()
 	pipe.Del(e.ctx, key)
-	fields := make([]any, 0, 2000)
-	flush := func() {
-		if len(fields) > 0 {
-			pipe.HSet(e.ctx, key, fields...)
-			fields = fields[:0:0]
+	members := make([]redis.Z, 0, 2000)
+	for i, idx := range indices {
+		members = append(members, redis.Z{Score: float64(idx), Member: strconv.Itoa(i + 1)})
+		if len(members) == cap(members) || i == len(indices)-1 {
+			pipe.ZAdd(e.ctx, key, members...)
+			members = members[:0:0]
+			// A pipeline of a million members outlasts the write timeout.
+			if pipe.Len() >= 50 {
+				if _, err := pipe.Exec(e.ctx); err != nil {
+					return err
+				}
+			}
 		}
 	}
-	// Every bucket but the tail, whose count the meta holds.
-	for i, idx := range indices[:len(indices)-1] {
-		fields = append(fields, strconv.FormatInt(idx, 10), "1 "+strconv.FormatInt(indices[i+1], 10))
-		if len(fields) == cap(fields) {
-			flush()
-		}
-	}
-	flush()
-	tail := indices[len(indices)-1]
-	// Format 4: P E, prec (0: P) size limit upto, tail tail_count, cursor
-	// total, and head all when the head is not the cursor: the limiter's
-	// own strategy, its last grant at the tail. All indices but the tail
-	// are stored relative to it (upto as upto - tail - size).
-	meta := fmt.Sprintf("W4 %d 1 0 %d %d 0 %d 1 %d %d",
-		advPrecision.Microseconds(), size, int64(advLimit), tail, tail-cursor, total)
-	if indices[0] != cursor {
-		meta += fmt.Sprintf(" %d %d", tail-indices[0], total)
-	}
-	pipe.HSet(e.ctx, key, "m", meta)
+	meta := fmt.Sprintf("w6 %d %d %d %d 0 0", advPrecision.Microseconds(), advWindow.Microseconds(), int64(advLimit), advWindow.Microseconds())
+	pipe.ZAdd(e.ctx, key, redis.Z{Score: math.Inf(1), Member: meta})
 	pipe.PExpire(e.ctx, key, 3*advWindow)
 	_, err := pipe.Exec(e.ctx)
 	return err

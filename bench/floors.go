@@ -25,10 +25,26 @@ const stringHot = `redis.call('TIME')
 if not redis.call('GET', KEYS[1]) then redis.call('SET', KEYS[1], ARGV[1], 'PX', 1000) end
 return ARGV[2]`
 
-// stampHot is the hot path of the two sliding states: TIME, HGET of the
-// field that holds the denial stamp, a denial (no write).
-const stampHot = `redis.call('TIME')
-if not redis.call('HGET', KEYS[1], 'm') then redis.call('HSET', KEYS[1], 'm', ARGV[1]) redis.call('PEXPIRE', KEYS[1], 1000) end
+// slidingHot is the hot path of the sliding state: TIME, the tail and the
+// meta (ZRANGE), the count before the window, the first buckets in it
+// (the RetryAfter), a denial (no write).
+const slidingHot = `redis.call('TIME')
+if #redis.call('ZRANGE', KEYS[1], -2, -1, 'WITHSCORES') == 0 then
+  redis.call('ZADD', KEYS[1], 1, '5', '+inf', ARGV[1]) redis.call('PEXPIRE', KEYS[1], 1000)
+end
+redis.call('ZREVRANGEBYSCORE', KEYS[1], '(1', '-inf', 'LIMIT', 0, 1)
+redis.call('ZRANGEBYSCORE', KEYS[1], 1, 9007199254740992, 'WITHSCORES', 'LIMIT', 0, 8)
+return ARGV[2]`
+
+// slidingAllow is a grant in the tail's bucket: TIME, ZRANGE, the count
+// before the window, the tail's member replaced, PEXPIRE.
+const slidingAllow = `redis.call('TIME')
+redis.call('ZRANGE', KEYS[1], -2, -1, 'WITHSCORES')
+redis.call('ZREVRANGEBYSCORE', KEYS[1], '(1', '-inf', 'LIMIT', 0, 1)
+redis.call('ZREM', KEYS[1], '299166666')
+redis.call('ZADD', KEYS[1], 1, '299166666')
+redis.call('ZADD', KEYS[1], '+inf', ARGV[1])
+redis.call('PEXPIRE', KEYS[1], 60000)
 return ARGV[2]`
 
 // floorScripts maps algorithm → workload → floor script. ARGV[1] is a
@@ -65,22 +81,12 @@ return ARGV[2]`, "17950000000000002", "1 999999 0 60 0 60"},
 		"hot": {stringHot, "17950000000000002", "0 0 9876 999999 0 9876"},
 	},
 	"sliding_window": {
-		// HGET of the meta field, HSET of the meta, which holds the newest
-		// bucket's count (format 4).
-		"allow": {`redis.call('TIME')
-redis.call('HGET', KEYS[1], 'm')
-redis.call('HSET', KEYS[1], 'm', ARGV[1])
-return ARGV[2]`, "W4 6000000 1 0 10 1000000 0 299166666 12 9 12", "1 999988 0 60000000 0 5999999"},
-		// A denial read from a denial stamp: HGET of field m, which holds
-		// the stamp (see scripts/sliding.lua); the reply is the stamp and now.
-		"hot": {stampHot, "!1795447848788438 59211562 59211562 59211562 0", "~1795447848800000 !1795447848788438 59211562 59211562 59211562 0"},
+		"allow": {slidingAllow, "w6 1000000 60000000 10 60000000 0 0", "1 999988 0 60000000 0 0"},
+		"hot":   {slidingHot, "w6 1000000 60000000 10 60000000 0 0", "0 0 59211562 59211562 0 211562"},
 	},
 	"sliding_log": {
-		"allow": {`redis.call('TIME')
-redis.call('HGET', KEYS[1], 'm')
-redis.call('HSET', KEYS[1], 'm', ARGV[1])
-return ARGV[2]`, "L4 6000000 2 0 10 1000000 0 0 100 10000000 0 299166666 12 9 12 99 40", "1 999988 0 600000000 0 5999999"},
-		"hot": {stampHot, "!1795447848788438 59211562 59211562 590211562 0", "~1795447848800000 !1795447848788438 59211562 59211562 590211562 0"},
+		"allow": {slidingAllow, "l6 1000000 600000000 10 60000000 0 0", "1 999988 0 600000000 0 0"},
+		"hot":   {slidingHot, "l6 1000000 600000000 10 60000000 0 0", "0 0 59211562 590211562 0 211562"},
 	},
 }
 

@@ -63,7 +63,6 @@ func variants() []variant {
 		{"TIME + GET + INCRBY + format reply", "redis.call('TIME') redis.call('GET', KEYS[1]) redis.call('INCRBY', KEYS[1], 1) return string.format('%d %d %d %d %d', 1, 5, 0, 100, 0)", server},
 		{"return format reply", "return string.format('%d %d %d %d %d', 1, 5, 0, 100, 0)", server},
 		{"return {1,5,0,100,0} (array)", "return {1, 5, 0, 100, 0}", server},
-		{"common.lua prelude only", scriptFile("common.lua") + "return 1", server},
 		{"fixed window (server TIME)", fw, server},
 		{"fixed window (WithClock)", fw, client},
 		floor("fixed_window", "allow"),

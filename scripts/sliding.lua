@@ -1,476 +1,307 @@
--- sliding.lua: the sliding window and the sliding log, one strategy or
--- several over one shared set of buckets, allowed only if every strategy
--- allows. The reply names the strategy reported: when denied, the one with
--- the longest retry; when allowed, the one with the fewest permits left.
--- Joined after prelude.lua (now, n, NOT_OURS) and before common.lua and
--- buckets.lua, which describes the state and decides every case this file
--- leaves.
+-- sliding.lua: the sliding window and the sliding log. A configuration has
+-- a precision P and one or more strategies (L_i, S_i): at most L_i permits
+-- in the S_i buckets of P ending with the bucket of now. A request is
+-- allowed only if every strategy allows it.
 --
--- ARGV[1] now (µs, or "" for server TIME)
--- ARGV[2] n          permits asked for (>= 0)
--- ARGV[3] own        the meta's text for this configuration's entries
---                    alone: "W4 P 1 0 size limit 0" for a sliding window,
---                    "L4 P E (0 size limit 0)*E" for a sliding log; its
---                    letter names the algorithm
--- ARGV[4] precision  bucket length (µs)
--- ARGV[5], ARGV[6]   limit and size (window / precision) of the shortest
--- ...                strategy, then the next ones, by window ascending,
---                    limits ascending
--- last, under WithPrefix only: the configuration's name in the denial
---                    stamps it writes (stampOwner in validate.go)
+-- KEYS[1]  the key
+-- ARGV[1]  now: Unix µs, or "" to read the Redis server's TIME
+-- ARGV[2]  n: permits asked for (>= 0)
+-- ARGV[3]  kind: "w" for a sliding window, "l" for a sliding log (each
+--          reads the other's state as foreign)
+-- ARGV[4]  precision P: this configuration's bucket length (µs)
+-- ARGV[5]  limit L_1 of the shortest strategy (permits)
+-- ARGV[6]  size S_1 of the shortest strategy (its window in buckets of P)
+-- ...      L_i, S_i of each next strategy, windows and limits ascending
+-- last     under WithPrefix only: "1", the key may be shared with other
+--          configurations (a default key's prefix names its configuration)
 --
--- This file decides the common case on a few numbers: the meta holds only
--- the caller's own entries on its grid, each last granted in the tail (the
--- meta then starts with own), the tail is not in the clock's future and
--- the windows have not all emptied. It is buckets.lua's path for that
--- state, step for step: the same reads, Results and writes but for the
--- denial stamp (below), which buckets.lua never writes. Two calls take a
--- shortcut, each replying in a form of its own that the Go side completes
--- (internal/engine/reply.go): a denial of one permit that a stamp answers
--- costs one HGET and two numbers, the first denial of a state paying for
--- the stamp's write; a grant in the tail's bucket costs one HGET, one
--- HSET, and the numbers that change (see
--- BENCHMARKS.md). Every other state falls
--- through, before a bucket is read, to common.lua and buckets.lua, whose
--- helpers are only created when they run: every function a script defines
--- costs Redis a closure on every call that reaches its definition. So this
--- file defines none but the bucket reader, and only for the calls that may
--- read a bucket; what common.lua's helpers do is written out here.
+-- Every time and duration is an integer number of µs held in a Lua number
+-- (exact below 2^53; the Go side keeps every value below it).
+--
+-- State (docs/internals.md): a sorted set. One member per nonempty bucket of
+-- the key's grid G: score the bucket's index (floor(µs / G)), member the
+-- decimal count of every permit granted on the key up to and including that
+-- bucket (cumulative, so members are unique and the count in any span of
+-- buckets is one subtraction). And one meta member, score +inf:
+--   "<kind>6 G R Ln Wn base C"   (kind w or l, format 6)
+-- G the grid (µs, the first writer's precision); R the longest window (µs)
+-- of any configuration that granted; Ln per Wn µs the densest strategy of
+-- any configuration that granted; base the cumulative count of the last
+-- bucket trimmed away; C the first bucket index still fully known. And one
+-- member per configuration that granted, score -until, text "P L_1 S_1
+-- L_2 S_2 ...": its strategies bind every call until its last grant leaves
+-- its longest window (until, Unix µs). Configurations sharing a key
+-- (WithPrefix) all read it by the same rule; a default key, which only
+-- one configuration ever reads, keeps no such member.
+--
+-- The reply is six integers: allowed (0/1), remaining, retry-after µs (-1:
+-- never), reset-after µs, the index of the strategy reported, and stable µs:
+-- how long the same request gets the same reply but for its durations
+-- counting down (the deny cache's bound).
 
-local own = ARGV[3]
--- S strategies; an odd count of ARGV ends with the stamps' owner.
-local S, owner = (#ARGV - 4) / 2, ''
-if S % 1 ~= 0 then S, owner = S - 0.5, ARGV[#ARGV] end
+local KEY = KEYS[1]
+local KIND = ARGV[3]
+local SHARED = #ARGV % 2 == 1
+local META = '^' .. KIND .. '6 (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$'
+-- Above every bucket index (they stay below 2^52 / 1000) and below the meta.
+local LAST_INDEX = '9007199254740992'
+local NOT_OURS = ', not redlimit state; it was left unchanged'
+-- Most buckets one call reads to find a RetryAfter, or trims.
+local SCAN = 8
 
--- The meta field: own, then the rest (below), when only the caller's
--- configuration uses the key. A string indexed by err is nil: strings
--- index the string library.
-local raw = redis.pcall('HGET', KEYS[1], 'm')
--- at: where the rest starts in raw, when own is there. in_d: the meta is
--- in field d, and m holds a denial stamp.
-local at, in_d
-if raw and not raw.err then
-  if string.find(raw, own, 1, true) == 1 then
-    at = #own + 1
-  elseif string.byte(raw) == 33 then
-    -- The denial stamp: "!from till retry reset reported[ owner]" in m,
-    -- the meta moved to field d. A denial of one permit at from (µs)
-    -- that changed nothing writes it; till, retry and reset count from
-    -- from, till being when the first of the windows' oldest buckets
-    -- leaves. Every other write of the meta puts it back in m, so
-    -- while the stamp is there the state is the one it describes: from
-    -- then until till no bucket leaves a window and the tail is not in
-    -- the clock's future, and a request for one permit is denied with the
-    -- same absolute times. The stamp's owner, under WithPrefix, is the
-    -- configuration that wrote it; a default key only ever holds one.
-    -- Such a request is decided here, on two numbers: the reply is "~",
-    -- now and the stamp, and the Go side subtracts
-    -- (internal/engine/reply.go); now is ARGV's text, or TIME's two, so
-    -- that no number is formatted. A clock before from, or n ~= 1, or
-    -- another configuration, reads the meta from d. (A field of its own:
-    -- stamp and meta together would pass the 64 bytes of
-    -- hash-max-listpack-value, and Redis would keep the key as a hash
-    -- table, twice the memory, for good.)
-    local _, _, from, till, name = string.find(raw, '^!(%d+) (%d+) %d+ %d+ %d+ ?(%w*)$')
-    if n == 1 and name == owner then
-      local elapsed = now - from
-      if elapsed >= 0 and elapsed < till + 0 then
-        if not t then return '~' .. ARGV[1] .. ' ' .. raw end
-        local us = t[2]
-        if #us < 6 then us = string.sub('00000' .. us, -6) end
-        return '~' .. t[1] .. us .. ' ' .. raw
-      end
-    end
-    if from then
-      raw, in_d = redis.call('HGET', KEYS[1], 'd'), true
-      if raw and string.find(raw, own, 1, true) == 1 then at = #own + 1 end
-    end
+-- floor(a / b) for b > 0, exact where a / b rounds up to an integer.
+local function idiv(a, b)
+  local r = a % b
+  if r < 0 then r = r + b end
+  return (a - r) / b
+end
+
+local function ceil_div(a, b)
+  return idiv(a + b - 1, b)
+end
+
+-- Strategies from numbers[from..last], limit and size in turn: at most L
+-- permits in S buckets of P µs.
+local function add_rules(rules, P, numbers, from, last)
+  for i = from, last, 2 do
+    rules[#rules + 1] = {L = numbers[i] + 0, S = numbers[i + 1] + 0, P = P}
   end
 end
 
-local precision = ARGV[4] + 0
--- caught: the match of a state the grant leaves to the path below, which
--- then need not match it again.
-local caught
-
--- A grant in the tail's bucket, the common call of a busy key: the meta
--- holds only the caller's entries (at), each window's cursor inside it
--- (cursor i is tail - c_i, inside while c_i < size_i; -1, no cursor, does
--- not match %d+) and no head apart from the last cursor. In the tail's
--- bucket nothing leaves a window or the log, so the grant adds n to the
--- tail's count and to every total, and changes nothing else: the meta is
--- rewritten from its own text with those numbers alone formatted, and the
--- reply is "=", now and that rest of the meta; the Go side computes
--- Remaining, the strategy reported and ResetAfter from its configuration
--- (internal/engine/reply.go), so no reply is formatted here. It is the
--- step the path below takes for such a state, and writes the same meta; a
--- state outside it (a tail or cursor out of place, a count above a total,
--- a denial) goes on below. c_i < size_i compares the decimal strings: a
--- shorter one is smaller (size_i has no leading zero, and neither may c_i,
--- which is written back as it is), and among equal lengths the order is
--- the strings' own. One or two strategies, the common cases, are matched
--- into locals; more into a table.
-if at and n > 0 then
-  local P, rest = precision, nil
-  if S <= 2 then
-    local tail, count, c1, t1, c2, t2
-    if S == 1 then
-      tail, count, c1, t1 = string.match(raw, '^ ([1-9]%d*) (%d+) (%d+) (%d+)$', at)
-    else
-      tail, count, c1, t1, c2, t2 = string.match(raw, '^ ([1-9]%d*) (%d+) (%d+) (%d+) (%d+) (%d+)$', at)
-    end
-    local size1 = ARGV[6]
-    if tail and tail * P <= now and now < tail * P + P and (#c1 < #size1 or (#c1 == #size1 and c1 < size1)) and (#c1 == 1 or string.byte(c1) ~= 48) then
-      local granted, total1 = count + n, t1 + n
-      if granted <= total1 and total1 <= ARGV[5] + 0 then
-        if S == 1 then
-          rest = string.format(' %s %d %s %d', tail, granted, c1, total1)
-        else
-          local size2, total2 = ARGV[8], t2 + n
-          if (#c2 < #size2 or (#c2 == #size2 and c2 < size2)) and (#c2 == 1 or string.byte(c2) ~= 48) and granted <= total2 and total2 <= ARGV[7] + 0 then
-            rest = string.format(' %s %d %s %d %s %d', tail, granted, c1, total1, c2, total2)
-          end
-        end
-      end
-    end
-    if tail and not rest then caught = {tail, count, c1, t1, c2, t2} end
+-- The request and the configuration, from ARGV: its strategies come first
+-- in cfg.rules (cfg.own of them), other configurations' follow.
+local function read_args()
+  local cfg = {n = ARGV[2] + 0, P = ARGV[4] + 0, rules = {}, Ld = 0, Wd = 1}
+  if ARGV[1] == '' then
+    local t = redis.call('TIME')
+    cfg.now = t[1] * 1000000 + t[2]
   else
-    -- f: tail count (c_i t_i)*S.
-    local f = {string.match(raw, '^ ([1-9]%d*) (%d+)' .. string.rep(' (%d+) (%d+)', S) .. '$', at)}
-    local tail = f[1]
-    if tail and tail * P <= now and now < tail * P + P then
-      local count = f[2] + n
-      f[2] = count
-      for i = 1, S do
-        local c, size, total = f[1 + 2 * i], ARGV[4 + 2 * i], f[2 + 2 * i] + n
-        if not ((#c < #size or (#c == #size and c < size)) and (#c == 1 or string.byte(c) ~= 48) and count <= total and total <= ARGV[3 + 2 * i] + 0) then
-          tail = nil
-          break
-        end
-        f[2 + 2 * i] = total
-      end
-      if tail then rest = string.format(' %s %d' .. string.rep(' %s %d', S), unpack(f)) end
-    end
+    cfg.now = ARGV[1] + 0
   end
-  if rest then
-    redis.call('HSET', KEYS[1], 'm', own .. rest)
-    if not t then return '=' .. ARGV[1] .. rest end
-    local us = t[2]
-    if #us < 6 then us = string.sub('00000' .. us, -6) end
-    return '=' .. t[1] .. us .. rest
+  local last = #ARGV
+  if SHARED then last = last - 1 end
+  add_rules(cfg.rules, cfg.P, ARGV, 5, last)
+  cfg.own, cfg.sig = #cfg.rules, table.concat(ARGV, ' ', 4, last)
+  for _, r in ipairs(cfg.rules) do
+    -- The densest strategy (most permits per µs) bounds what this
+    -- configuration can grant in any span.
+    if r.L * cfg.Wd > cfg.Ld * r.S * r.P then cfg.Ld, cfg.Wd = r.L, r.S * r.P end
   end
+  cfg.window = cfg.rules[cfg.own].S * cfg.P
+  return cfg
 end
 
--- Tables built by a constructor get their size at once; each growth of
--- one costs a rehash.
-local limits, sizes
-if S == 1 then
-  limits, sizes = {ARGV[5] + 0}, {ARGV[6] + 0}
-else
-  limits, sizes = {ARGV[5] + 0, ARGV[7] + 0}, {ARGV[6] + 0, ARGV[8] + 0}
-  for i = 3, S do
-    limits[i], sizes[i] = ARGV[3 + 2 * i] + 0, ARGV[4 + 2 * i] + 0
+-- The key's state: its meta and its tail (last bucket), or an empty state
+-- on the configuration's grid. A hash in the previous released format ("W4"
+-- or "L4" in field m) reads as empty, and the first grant replaces it.
+local function read_state(cfg)
+  local st = {G = cfg.P, R = 0, Ln = 0, Wn = 1, base = 0, C = 0, cum = 0, tail = -1, entries = {}}
+  local rows = redis.pcall('ZRANGE', KEY, -2, -1, 'WITHSCORES')
+  if rows.err then
+    local m = redis.pcall('HGET', KEY, 'm')
+    if type(m) == 'string' and string.find(m, '^' .. string.upper(KIND) .. '4 ') then
+      st.old = true
+      return st
+    end
+    return nil, 'another type than sliding state'
   end
+  if #rows == 0 then return st end
+  local G, R, Ln, Wn, base, C = string.match(rows[#rows - 1], META)
+  if not G then return nil, 'a sorted set that is not sliding state' end
+  st.meta = rows[#rows - 1]
+  if SHARED then st.entries = redis.call('ZRANGEBYSCORE', KEY, '-inf', '(0', 'WITHSCORES') end
+  st.G, st.R, st.Ln, st.Wn, st.base, st.C = G + 0, R + 0, Ln + 0, Wn + 0, base + 0, C + 0
+  st.cum = st.base
+  if #rows == 4 then
+    if not string.find(rows[1], '^%d+$') then return nil, 'a sorted set that is not sliding state' end
+    st.tail_member, st.cum, st.tail = rows[1], rows[1] + 0, rows[2] + 0
+  end
+  return st
 end
 
--- The rest: tail tail_count (cursor total)*S [head all], as meta_string
--- writes them.
-local m = caught
-if at and not m then
-  -- Constant patterns for one and two strategies: building one costs.
-  if S == 1 then
-    m = {string.match(raw, '^ ([1-9]%d*) (%d+) (%-?%d+) (%d+)$', at)}
-    if not m[1] then m = {string.match(raw, '^ ([1-9]%d*) (%d+) (%-?%d+) (%d+) (%d+) (%d+)$', at)} end
-  elseif S == 2 then
-    m = {string.match(raw, '^ ([1-9]%d*) (%d+) (%-?%d+) (%d+) (%-?%d+) (%d+)$', at)}
-    if not m[1] then m = {string.match(raw, '^ ([1-9]%d*) (%d+) (%-?%d+) (%d+) (%-?%d+) (%d+) (%d+) (%d+)$', at)} end
-  else
-    local rest = '^ ([1-9]%d*) (%d+)' .. string.rep(' (%-?%d+) (%d+)', S)
-    m = {string.match(raw, rest .. '$', at)}
-    if not m[1] then m = {string.match(raw, rest .. ' (%d+) (%d+)$', at)} end
-  end
-end
-
--- fast: this file decides. The tail is not in the clock's future, the
--- windows have not all emptied, and the log has a head.
-local fast = false
-local P, keep, b = precision, sizes[S], 0
-local tail, tail_count, head, all, cursors, totals
-if m and m[1] then
-  -- idiv(now, precision): now >= 0.
-  tail, b = m[1] + 0, (now - now % precision) / precision
-  if tail <= b and tail > b - keep then
-    if S == 1 then
-      cursors, totals = {m[3] + 0}, {m[4] + 0}
-    else
-      cursors, totals = {m[3] + 0, m[5] + 0}, {m[4] + 0, m[6] + 0}
-      for i = 3, S do cursors[i], totals[i] = m[1 + 2 * i] + 0, m[2 + 2 * i] + 0 end
-    end
-    for i = 1, S do
-      if cursors[i] ~= -1 then cursors[i] = tail - cursors[i] end
-    end
-    tail_count, head, all = m[2] + 0, cursors[S], totals[S]
-    if m[3 + 2 * S] then
-      head, all, fast = tail - m[3 + 2 * S], m[4 + 2 * S] + 0, true
-    else
-      fast = head ~= -1
+-- The strategies of the other configurations whose last grant is still in
+-- their longest window bind this call too. So while configurations
+-- alternate, every grant satisfies all of them. cfg.stable: until the
+-- first of them lapses, the rules stay as they are.
+local function other_rules(cfg, st)
+  cfg.stable = math.huge
+  for j = 1, #st.entries, 2 do
+    local sig, till = st.entries[j], -st.entries[j + 1]
+    if sig == cfg.sig then
+      cfg.own_until = till
+    elseif till > cfg.now then
+      local numbers = {}
+      for x in string.gmatch(sig, '%d+') do numbers[#numbers + 1] = x end
+      add_rules(cfg.rules, numbers[1] + 0, numbers, 2, #numbers)
+      cfg.stable = math.min(cfg.stable, till - cfg.now)
     end
   end
 end
 
--- Whether the call may read a bucket: a bucket left a window or the log, a
--- request may be denied (its wait walks a window), or buckets.lua decides.
--- Most calls read none, and spare the reader's closure.
-local reader = not fast or head <= b - keep
-for i = 1, fast and not reader and S or 0 do
-  if (cursors[i] ~= -1 and cursors[i] <= b - sizes[i]) or (n > 0 and totals[i] + n > limits[i]) then reader = true end
+-- The meta member, rewritten when it changed.
+local function write_meta(st)
+  local meta = string.format('%s6 %d %d %d %d %d %d', KIND, st.G, st.R, st.Ln, st.Wn, st.base, st.C)
+  if meta == st.meta then return end
+  if st.meta then redis.call('ZREM', KEY, st.meta) end
+  redis.call('ZADD', KEY, '+inf', meta)
+  st.meta = meta
 end
 
--- bucket -> {count, next}, read at most once per call. Keyed by -index:
--- gopher-lua (miniredis) keeps positive integer keys in an array part filled
--- up to the key, and bucket indices run to billions.
-local log_cache, reads = nil, 0
--- The tail as the meta read says: its count is not in its field.
-local stored_tail, stored_count = tail or -1, tail_count or 0
--- read_bucket(index): a bucket's count, next index and field name (nil for
--- the tail, whose count the meta holds); or nil and true when the budget
--- (BUDGET reads a call) is spent, nil and false when the field is missing
--- or malformed.
--- 8: a read costs Redis about 2µs (HGET, and HDEL when the bucket is
--- dead), so 8 keep the dearest call under 3 normal ones (bench -adversarial),
--- and still walk every window of the tests' traces exactly.
-local BUDGET = 8
-local read_bucket
-if reader then
-  log_cache = {}
-  read_bucket = function(index)
-    local cached = log_cache[-index]
-    if cached then return cached[1], cached[2], cached[3] end
-    if index == stored_tail then return stored_count, -1 end
-    if reads >= BUDGET then return nil, true end
-    reads = reads + 1
-    local name = string.format('%d', index)
-    local field = redis.call('HGET', KEYS[1], name)
-    if not field then return nil, false end
-    local count, next_index = string.match(field, '^([1-9]%d*) (%d+)$')
-    if count then
-      count, next_index = count + 0, next_index + 0
-      if next_index <= index then return nil, false end
-    else
-      count, next_index = tonumber(string.match(field, '^[1-9]%d*$')), -1
-      if not count then return nil, false end
-    end
-    log_cache[-index] = {count, next_index, name}
-    return count, next_index, name
-  end
+-- The clock went back behind the tail: the buckets from now's on are moved
+-- into now's, as if granted now, and those before the longest window ending
+-- at the tail are trimmed, so that no key stays locked for longer than its
+-- windows from now. The only write a denial or n == 0 ever makes; when
+-- Redis refuses it, the decision is the same. Its work grows with the
+-- buckets moved: a clock, not a caller, decides when it runs.
+local function fold(cfg, st)
+  local b = idiv(cfg.now, st.G)
+  if st.tail <= b then return b end
+  local from = idiv((st.tail + 1) * st.G - st.R, st.G)
+  local row = redis.call('ZREVRANGEBYSCORE', KEY, '(' .. from, 0, 'LIMIT', 0, 1)
+  if row[1] then st.base = row[1] + 0 end
+  -- Buckets from C on are known: none of this configuration's windows
+  -- reaches before C, and what was removed is forgotten, as when the
+  -- clock is not moved (the reference model's rule).
+  local longest = (idiv(cfg.now, cfg.P) - cfg.rules[cfg.own].S + 1) * cfg.P
+  st.C = math.min(math.max(st.C, from), idiv(longest, st.G))
+  st.tail, cfg.folded = b, true
+  -- It removes the old tail at least: a write, after which Redis takes
+  -- the rest even at maxmemory.
+  if type(redis.pcall('ZREMRANGEBYSCORE', KEY, b, LAST_INDEX)) ~= 'number' then return b end
+  redis.call('ZREMRANGEBYSCORE', KEY, 0, '(' .. from)
+  st.tail_member = string.format('%d', st.cum)
+  redis.call('ZADD', KEY, b, st.tail_member)
+  write_meta(st)
+  return b
 end
 
--- bad: a bucket the log names is missing or malformed.
-local bad = false
-repeat
-  if not fast then break end
-  local stale
-  -- changed: the hash must be written; tail_moved: its TTL too.
-  local changed, tail_moved = false, false
-  -- Each window's cursor walks past the buckets that left it.
-  for i = 1, S do
-    local cursor, total = cursors[i], totals[i]
-    local last_out = b - sizes[i]
-    if tail <= last_out then
-      -- The whole window left: no walk.
-      if cursor ~= -1 or total ~= 0 then changed = true end
-      cursor, total = -1, 0
-    end
-    while cursor ~= -1 and cursor <= last_out do
-      local count, next_index = read_bucket(cursor)
-      if not count then
-        if next_index then
-          stale = stale or {}
-          stale[i] = true
-        else
-          bad = true
-        end
-        break
-      end
-      total, cursor, changed = total - count, next_index, true
-    end
-    cursors[i], totals[i] = cursor, total
-  end
-  if bad then break end
-  -- Buckets older than the log keeps are deleted, within the budget.
-  local dead
-  while head ~= -1 and head <= b - keep do
-    local count, next_index, name = read_bucket(head)
-    if not count then
-      bad = not next_index
-      break
-    end
-    dead = dead or {}
-    dead[#dead + 1] = name or string.format('%d', head)
-    all, head, changed = all - count, next_index, true
-  end
-  if bad then break end
+-- The time bucket k of the key's grid leaves strategy i's window.
+local function leaves(cfg, st, k, i)
+  local r = cfg.rules[i]
+  return (ceil_div((k + 1) * st.G, r.P) + r.S - 1) * r.P
+end
 
-  -- The longest wait over the windows that deny, and the one reported.
-  local allowed, retry, reported, own_wait = true, 0, 1, -1
-  if n > limits[1] then
-    allowed, retry = false, -1
-  elseif n > 0 then
-    for i = 1, S do
-      local excess = totals[i] + n - limits[i]
-      if excess > 0 then
-        -- Walk the window from its oldest bucket until enough permits
-        -- have left; past the budget, or stale, the time it empties.
-        local wait = (tail + sizes[i]) * P - now
-        if not (stale and stale[i]) then
-          local index, left = cursors[i], 0
-          while true do
-            if index == -1 then
-              bad = true
-              break
-            end
-            local count, next_index = read_bucket(index)
-            if not count then
-              bad = not next_index
-              break
-            end
-            left = left + count
-            if left >= excess then
-              wait = (index + sizes[i]) * P - now
-              break
-            end
-            index = next_index
-          end
-          if bad then break end
-        end
-        if wait > own_wait then reported, own_wait = i, wait end
-        if wait > retry then retry = wait end
-        allowed = false
+-- Each strategy's window [ws, now] counts the state buckets from the one
+-- holding ws (whole: conservative when the grids differ): count = tail's
+-- cumulative count minus the last one before the window. Buckets trimmed
+-- away leave base; a window reaching before them (a configuration whose
+-- window is longer than any that granted before) counts their grants as
+-- used, up to what the densest writer could have granted there.
+local function locate(cfg, st)
+  local w = {first = {}, known = {}, count = {}}
+  for i, r in ipairs(cfg.rules) do
+    local ws = (idiv(cfg.now, r.P) - r.S + 1) * r.P
+    local first, before, known = idiv(ws, st.G), st.cum, true
+    if st.tail >= first then
+      local row = redis.call('ZREVRANGEBYSCORE', KEY, '(' .. first, 0, 'LIMIT', 0, 1)
+      before = st.base
+      if row[1] then
+        before = row[1] + 0
+      elseif first < st.C then
+        before, known = before - math.min(st.base, st.Ln * (ceil_div(st.C * st.G - ws, st.Wn) + 1)), false
       end
     end
+    w.first[i], w.known[i], w.count[i] = first, known, st.cum - before
   end
-  if bad then break end
-
-  -- A grant: now's bucket becomes the tail, whose count the meta holds;
-  -- the tail it replaces gets its field, moved.
-  local tail_text, moved = m[1], nil
-  if allowed and n > 0 then
-    if tail == b then
-      tail_count = tail_count + n
-    else
-      moved = string.format('%d %d', tail_count, b)
-      tail, tail_count, tail_moved = b, n, true
-      if head == -1 then head = b end
-      for i = 1, S do
-        if cursors[i] == -1 then cursors[i] = b end
-      end
-    end
-    all = all + n
-    for i = 1, S do totals[i] = totals[i] + n end
-    changed = true
-  end
-
-  -- Remaining: the fewest permits left, reported when allowed.
-  local fewest = limits[1] - totals[1]
-  for i = 2, S do
-    local left = limits[i] - totals[i]
-    if left < fewest then
-      fewest = left
-      if allowed then reported = i end
-    end
-  end
-
-  -- Reset: when the last window empties; stable, for a denial (only its
-  -- is read: the deny cache keeps denials): when the oldest bucket of a
-  -- window leaves it (at once for a stale one). An allowed reply says -1.
-  local reset, stable = 0, -1
-  for i = 1, S do
-    local clear = (tail + sizes[i]) * P - now
-    if clear > reset then reset = clear end
-    if not allowed and cursors[i] ~= -1 then
-      local leaves = (cursors[i] + sizes[i]) * P - now
-      if stale and stale[i] then leaves = 0 end
-      if leaves < 0 then leaves = 0 end
-      if stable == -1 or leaves < stable then stable = leaves end
-    end
-  end
-  if retry > reset then reset = retry end
-
-  -- A denial of one permit that changed nothing stamps the meta (see the
-  -- top): it walked no cursor and deleted no bucket, so until till a call
-  -- on this state reads the same buckets, within the same budget, and
-  -- replies the same. Best effort, like every write of a denial.
-  if not allowed and n == 1 and not changed and stable > 0 then
-    local stamp = string.format('!%d %d %d %d %d', now, stable, retry, reset, reported - 1)
-    if owner ~= '' then stamp = stamp .. ' ' .. owner end
-    if in_d then
-      redis.pcall('HSET', KEYS[1], 'm', stamp)
-    else
-      redis.pcall('HSET', KEYS[1], 'm', stamp, 'd', raw)
-    end
-  end
-
-  if changed then
-    -- A grant must be written; anything else is best effort.
-    local call = redis.pcall
-    if allowed and n > 0 then call = redis.call end
-    if dead then call('HDEL', KEYS[1], unpack(dead)) end
-    -- The common metas, one or two windows and no head: constant formats.
-    local meta
-    local implicit = head == cursors[S] and all == totals[S] and head ~= -1
-    if implicit and S <= 2 then
-      local c1 = cursors[1]
-      if c1 ~= -1 then c1 = tail - c1 end
-      if S == 1 then
-        meta = own .. string.format(' %d %d %d %d', tail, tail_count, c1, totals[1])
-      else
-        local c2 = cursors[2]
-        if c2 ~= -1 then c2 = tail - c2 end
-        meta = own .. string.format(' %d %d %d %d %d %d', tail, tail_count, c1, totals[1], c2, totals[2])
-      end
-    else
-      local fields = {tail, tail_count}
-      for i = 1, S do
-        local c = cursors[i]
-        if c ~= -1 then c = tail - c end
-        fields[1 + 2 * i], fields[2 + 2 * i] = c, totals[i]
-      end
-      if not implicit then fields[3 + 2 * S], fields[4 + 2 * S] = tail - head, all end
-      meta = own .. string.format(string.rep(' %d', #fields), unpack(fields))
-    end
-    if moved then
-      call('HSET', KEYS[1], 'm', meta, tail_text, moved)
-    else
-      call('HSET', KEYS[1], 'm', meta)
-    end
-    if tail_moved then
-      -- ttl_ms: the log empties in expire > 0 µs; rounded up to the ms.
-      local expire = (tail + keep) * P - now
-      local ms = (expire - expire % 1000) / 1000
-      if expire % 1000 > 0 then ms = ms + 1 end
-      call('PEXPIRE', KEYS[1], ms)
-    end
-  end
-  -- reply() in common.lua: six integers, the constant ones written in,
-  -- and a denial with nothing left formats each distinct duration once.
-  if fewest < 0 then fewest = 0 end
-  if reported > 1 then
-    do return string.format('%d %d %d %d %d %d', allowed and 1 or 0, fewest, retry, reset, reported - 1, stable) end
-  elseif allowed then
-    do return string.format('1 %d 0 %d 0 -1', fewest, reset) end
-  elseif fewest > 0 or retry == -1 then
-    do return string.format('0 %d %d %d 0 %d', fewest, retry, reset, stable) end
-  end
-  local retry_text = string.format('%d', retry)
-  local reset_text, stable_text = retry_text, retry_text
-  if reset ~= retry then reset_text = string.format('%d', reset) end
-  if stable == reset then
-    stable_text = reset_text
-  elseif stable ~= retry then
-    stable_text = string.format('%d', stable)
-  end
-  do return '0 0 ' .. retry_text .. ' ' .. reset_text .. ' 0 ' .. stable_text end
-until true
-if bad then
-  return redis.error_reply('NOTOURS holds a hash that is not a ' .. (string.sub(own, 1, 1) == 'W' and 'sliding window' or 'sliding log') .. NOT_OURS)
+  return w
 end
+
+-- When strategy i's count first drops, and when it has dropped to L_i - n
+-- (the RetryAfter of n): when the first bucket in its window leaves it, and
+-- the first whose cumulative count reaches cum + n - L_i. When that bucket
+-- is not among the window's first SCAN, or the count is partly unknown
+-- (then it drops at each of this configuration's buckets), the RetryAfter
+-- is the time the tail leaves: longer than the truth, never shorter.
+local function window_times(cfg, st, w, i)
+  local P = cfg.rules[i].P
+  local retry, change = leaves(cfg, st, st.tail, i) - cfg.now, P - cfg.now % P
+  if not w.known[i] then return retry, change end
+  local target = st.cum + cfg.n - cfg.rules[i].L
+  local rows = redis.call('ZRANGEBYSCORE', KEY, w.first[i], LAST_INDEX, 'WITHSCORES', 'LIMIT', 0, SCAN)
+  change = leaves(cfg, st, rows[2] + 0, i) - cfg.now
+  for j = 1, #rows, 2 do
+    if rows[j] + 0 >= target then return leaves(cfg, st, rows[j + 1] + 0, i) - cfg.now, change end
+  end
+  return retry, change
+end
+
+-- allowed, and when denied the strategy reported (the longest RetryAfter,
+-- the first of equals; none when another configuration's denies longest),
+-- its RetryAfter (-1: never) and how long the denial stays as it is: until
+-- the first count drops.
+local function decide(cfg, st, w)
+  if cfg.n > cfg.rules[1].L then return false, 1, -1, 0 end
+  if cfg.n == 0 then return true end
+  local worst, retry, stable = nil, 0, cfg.stable
+  for i, r in ipairs(cfg.rules) do
+    if w.count[i] > 0 then
+      local after, change = window_times(cfg, st, w, i)
+      stable = math.min(stable, change)
+      if w.count[i] + cfg.n > r.L and (not worst or after > retry) then worst, retry = i, after end
+    end
+  end
+  if not worst then return true end
+  if worst > cfg.own then worst = nil end
+  return false, worst, retry, stable
+end
+
+-- Buckets that left the longest window of every configuration go, SCAN at
+-- most per call; base and C remember where they were. Counts never depend
+-- on it: a window's count is a difference of cumulative counts either way.
+-- It runs on a grant that opens a bucket and passes a multiple of SCAN
+-- permits: it keeps up (at most SCAN new buckets per SCAN permits), and
+-- spares most grants its read and the meta's rewrite (bench/: a grant in a
+-- new bucket costs a third less).
+local function trim(cfg, st)
+  local cutoff = idiv(cfg.now - st.R, st.G)
+  local rows = redis.call('ZRANGEBYSCORE', KEY, 0, '(' .. cutoff, 'WITHSCORES', 'LIMIT', 0, SCAN)
+  if #rows == 0 then return end
+  redis.call('ZREMRANGEBYSCORE', KEY, 0, rows[#rows])
+  st.base, st.C = rows[#rows - 1] + 0, rows[#rows] + 1
+end
+
+-- A grant: n more in bucket b, which is now's (the tail's when the clock
+-- went back: fold), the meta when it changed, and a TTL until the tail
+-- leaves the longest window of every configuration.
+local function apply(cfg, st, b)
+  if st.old then redis.call('DEL', KEY) end
+  if st.tail == b then redis.call('ZREM', KEY, st.tail_member) end
+  redis.call('ZADD', KEY, b, string.format('%d', st.cum + cfg.n))
+  if cfg.window > st.R then st.R = cfg.window end
+  if cfg.Ld * st.Wn > st.Ln * cfg.Wd then st.Ln, st.Wn = cfg.Ld, cfg.Wd end
+  if st.tail ~= b and idiv(st.cum + cfg.n, SCAN) > idiv(st.cum, SCAN) then trim(cfg, st) end
+  write_meta(st)
+  -- This configuration's entry, and the others' that lapsed.
+  local till = leaves(cfg, st, b, cfg.own)
+  if SHARED and till ~= cfg.own_until then redis.call('ZADD', KEY, -till, cfg.sig) end
+  if SHARED and st.tail ~= b then redis.call('ZREMRANGEBYSCORE', KEY, -cfg.now, '(0') end
+  redis.call('PEXPIRE', KEY, ceil_div((b + 1) * st.G + st.R - cfg.now, 1000))
+  st.tail, st.cum = b, st.cum + cfg.n
+end
+
+-- Remaining is the fewest permits left (reported: this configuration's
+-- first strategy with the fewest, unless a denial names another);
+-- ResetAfter the time the tail leaves the longest window.
+local function reply(cfg, st, w, allowed, reported, retry, stable)
+  local used = allowed and cfg.n or 0
+  local remaining, fewest, own_left, reset = nil, 1, nil, 0
+  for i, r in ipairs(cfg.rules) do
+    local left = math.max(0, r.L - w.count[i] - used)
+    if not remaining or left < remaining then remaining = left end
+    if i <= cfg.own and (not own_left or left < own_left) then own_left, fewest = left, i end
+    reset = math.max(reset, leaves(cfg, st, st.tail, i) - cfg.now)
+  end
+  if allowed or cfg.folded then stable = 0 end
+  return string.format('%d %d %d %d %d %d', allowed and 1 or 0, remaining, allowed and 0 or retry,
+    reset, (reported or fewest) - 1, stable)
+end
+
+local cfg = read_args()
+local st, foreign = read_state(cfg)
+if not st then return redis.error_reply('NOTOURS holds ' .. foreign .. NOT_OURS) end
+local b = fold(cfg, st)
+other_rules(cfg, st)
+local w = locate(cfg, st)
+local allowed, reported, retry, stable = decide(cfg, st, w)
+if allowed and cfg.n > 0 then apply(cfg, st, b) end
+return reply(cfg, st, w, allowed, reported, retry, stable)

@@ -19,7 +19,6 @@ type Config struct {
 	Source    string        // the script's source, for EVAL when the server lacks it
 	Args      []any         // the algorithm's ARGV after now and n, boxed once
 	Policies  int           // how many limits a reply's strategy index may name (1 but for the sliding log)
-	Log       *Log          // the sliding limiters' strategies, for their grant replies (ParseReplyText); nil otherwise
 	Clock     func() time.Time
 	DenyCache int // entries; 0 = off
 	Capacity  int // the most permits one request can ever get (the smallest limit)
@@ -66,7 +65,6 @@ type Engine struct {
 	script    *redis.Script
 	args      []any
 	policies  int
-	log       *Log
 	clock     func() time.Time
 	cache     *denyCache
 	observe   func(Event)
@@ -88,7 +86,6 @@ func New(rdb redis.Scripter, cfg Config) *Engine {
 		script:    cfg.Script,
 		args:      cfg.Args,
 		policies:  max(cfg.Policies, 1),
-		log:       cfg.Log,
 		clock:     cfg.Clock,
 		observe:   cfg.Observe,
 		bound:     clientBound(rdb),
@@ -208,7 +205,7 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 		}
 		return Reply{}, false, e.redisError(ctx, key, "", err)
 	}
-	r, err = ParseReplyText(text, e.log)
+	r, err = ParseReplyText(text)
 	if err == nil && r.Strategy >= e.policies {
 		err = fmt.Errorf("script reply names strategy %d of %d", r.Strategy, e.policies)
 	}
@@ -269,7 +266,7 @@ func (e *Engine) redisError(ctx context.Context, key, op string, err error) erro
 }
 
 // foreignPrefix starts the error reply of a script that found a value it
-// did not write (common.lua's not_ours).
+// did not write: "NOTOURS holds <what>, ...".
 const foreignPrefix = "NOTOURS "
 
 // checkArgs checks what every call carries: a key of 1 to MaxKeyBytes

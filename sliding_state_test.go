@@ -1,0 +1,441 @@
+package redlimit
+
+// Tests of the sliding state (scripts/sliding.lua, docs/internals_sliding.md):
+// the findings of the shared-state review as regression tests, and the
+// properties every configuration sharing a key keeps. The script's size is
+// counted by:
+//
+//	python3 -c 'import re,sys; t=open(sys.argv[1]).read(); t=re.sub(r"--\[(=*)\[.*?\]\1\]","",t,flags=re.S); t=re.sub(r"--[^\n]*","",t); t=re.sub(r"\[(=*)\[.*?\]\1\]","\"\"",t,flags=re.S); t=re.sub(r"\"(\\.|[^\"\\])*\"","\"\"",t); t=re.sub(r"'"'"'(\\.|[^'"'"'\\])*'"'"'","\"\"",t); print(t.count("\n")+0, len(open(sys.argv[1]).read().splitlines()), len(re.findall(r"\b(if|elseif|while|for|repeat|and|or)\b",t)))' scripts/sliding.lua
+//
+// (code lines, lines, decision points; the same counter as the project's
+// before-stop hook).
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/model"
+)
+
+type slidingMaker func(rdb redis.Scripter, opts ...Option) (Limiter, error)
+
+func slidingWindowMaker(limit int, window, precision time.Duration) slidingMaker {
+	return func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+		return NewSlidingWindow(rdb, limit, window, precision, opts...)
+	}
+}
+
+func slidingLogMaker(precision time.Duration, s ...Strategy) slidingMaker {
+	return func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+		return NewSlidingLog(rdb, precision, s, opts...)
+	}
+}
+
+// A call that grants nothing never wipes another configuration's count:
+// a = 5 per 1m, b = 20 per 10s (1s buckets), one prefix.
+func TestSlidingFindingZeroCallKeepsOtherCounts(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		clock := newClock()
+		prefix := WithPrefix("f1:" + be.name + ":")
+		a, err := NewSlidingWindow(be.rdb, 5, time.Minute, time.Second, prefix, WithClock(clock.Now))
+		require.NoError(t, err)
+		b, err := NewSlidingWindow(be.rdb, 20, 10*time.Second, time.Second, prefix, WithClock(clock.Now))
+		require.NoError(t, err)
+		_, err = a.AllowN(ctx, "k", 1)
+		require.NoError(t, err)
+		clock.now = epoch.Add(49323 * ms)
+		r, err := b.AllowN(ctx, "k", 2)
+		require.NoError(t, err)
+		require.True(t, r.Allowed)
+		clock.now = epoch.Add(62679 * ms)
+		r, err = a.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		require.Equal(t, 3, r.Remaining, "b's 2 grants are in a's window: %+v", r)
+		_, err = b.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		require.Greater(t, be.rdb.PTTL(ctx, a.RedisKey("k")).Val(), 10*time.Second, "the key lives while a's window counts on it")
+		r, err = a.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		require.Equal(t, 3, r.Remaining, "after b's n == 0 call, b's grants still count for a: %+v", r)
+	})
+}
+
+// A longer window sees what a shorter one granted, whatever was trimmed:
+// X = 10 per 1s serves 9s (90 grants), then Y = 100 per 10s grants only
+// what is left of 100 in its window.
+func TestSlidingFindingLongerWindowSeesShorter(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		clock := newClock()
+		prefix := WithPrefix("f2:" + be.name + ":")
+		x, err := NewSlidingWindow(be.rdb, 10, time.Second, time.Second, prefix, WithClock(clock.Now))
+		require.NoError(t, err)
+		y, err := NewSlidingWindow(be.rdb, 100, 10*time.Second, time.Second, prefix, WithClock(clock.Now))
+		require.NoError(t, err)
+		granted := 0
+		for s := range 9 {
+			clock.now = epoch.Add(time.Duration(s)*time.Second + 100*ms)
+			for range 10 {
+				r, err := x.Allow(ctx, "k")
+				require.NoError(t, err)
+				require.True(t, r.Allowed)
+				granted++
+			}
+		}
+		clock.now = epoch.Add(9500 * ms)
+		for range 100 {
+			r, err := y.Allow(ctx, "k")
+			require.NoError(t, err)
+			if r.Allowed {
+				granted++
+			}
+		}
+		require.Equal(t, 100, granted, "grants in one 10s window, where Y alone grants 100")
+	})
+}
+
+// The clock going back after an n == 0 call grants nothing extra and
+// leaves no key in errors: {1 per 1s, 5 per 10s}, 1s buckets.
+func TestSlidingFindingClockBackAfterZero(t *testing.T) {
+	t.Parallel()
+	for _, limits := range [][2]int{{1, 5}, {2, 10}} {
+		t.Run(fmt.Sprint(limits), func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, be backend) {
+				ctx := context.Background()
+				clock := newClock()
+				l, err := NewSlidingLog(be.rdb, time.Second, []Strategy{{limits[0], time.Second}, {limits[1], 10 * time.Second}},
+					WithPrefix(fmt.Sprintf("f4:%s:%d:", be.name, limits[0])), WithClock(clock.Now))
+				require.NoError(t, err)
+				clock.now = epoch.Add(500 * ms)
+				r, err := l.AllowN(ctx, "k", limits[0])
+				require.NoError(t, err)
+				require.True(t, r.Allowed)
+				clock.now = epoch.Add(1500 * ms)
+				_, err = l.AllowN(ctx, "k", 0)
+				require.NoError(t, err)
+				for at := 600 * ms; at < time.Second; at += 100 * ms {
+					clock.now = epoch.Add(at)
+					r, err = l.Allow(ctx, "k")
+					require.NoError(t, err, "at %v: the key holds our own state", at)
+					require.False(t, r.Allowed, "at %v: %d granted in this 1s window already: %+v", at, limits[0], r)
+				}
+			})
+		})
+	}
+}
+
+// randomSlidingConfig draws a sliding window or log with small windows:
+// precisions of 1 to 4ms, limits that bind.
+func randomSlidingConfig(rng *rand.Rand, window bool) (string, slidingMaker, int) {
+	precision := time.Duration(1+rng.IntN(4)) * ms
+	if window {
+		limit := 1 + rng.IntN(6)
+		window := precision * time.Duration(1+rng.IntN(12))
+		return fmt.Sprintf("sw(%d per %v by %v)", limit, window, precision), slidingWindowMaker(limit, window, precision), limit
+	}
+	s := randomStrategies(rng, precision, 40*precision)
+	return fmt.Sprintf("sl(by %v: %v)", precision, s), slidingLogMaker(precision, s...), s[0].Limit
+}
+
+// Two keys with the same grants, one of which also gets n == 0 calls,
+// denials and requests above the capacity by any configuration sharing the
+// prefix: every answer on the two is the same (DESIGN property 10; nothing
+// but a grant writes).
+func TestSlidingTwinKeys(t *testing.T) {
+	t.Parallel()
+	traces, steps := 40, 200
+	if testing.Short() {
+		traces, steps = 8, 150
+	}
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		if be.mini == nil {
+			keepTTL(be.rdb, time.Hour)
+		}
+		for tr := range traces {
+			rng := rand.New(rand.NewPCG(uint64(tr), 19))
+			clock := newClock()
+			prefix := fmt.Sprintf("twin:%d:", tr)
+			var names []string
+			var limiters []Limiter
+			var smallest []int
+			// Sliding windows and logs read each other's state as foreign.
+			windows := rng.IntN(2) == 0
+			for range 2 + rng.IntN(2) {
+				name, make, limit := randomSlidingConfig(rng, windows)
+				l, err := make(be.rdb, WithPrefix(prefix), WithClock(clock.Now))
+				require.NoError(t, err)
+				names, limiters, smallest = append(names, name), append(limiters, l), append(smallest, limit)
+			}
+			for i := range steps {
+				clock.Advance(time.Duration(rng.IntN(1500)) * us)
+				c := rng.IntN(len(limiters))
+				n := rng.IntN(smallest[c] + 1)
+				a, err := limiters[c].AllowN(ctx, "a", n)
+				require.NoError(t, err)
+				b, err := limiters[c].AllowN(ctx, "b", n)
+				require.NoError(t, err)
+				require.Equal(t, a, b, "trace %d step %d: %s n=%d (configurations %v)", tr, i, names[c], n, names)
+				// Extra calls on b alone: one that is granted is made on a
+				// too, so that the grants stay the same.
+				for range rng.IntN(3) {
+					c := rng.IntN(len(limiters))
+					n := []int{0, smallest[c] + 1 + rng.IntN(3), 1 + rng.IntN(smallest[c])}[rng.IntN(3)]
+					r, err := limiters[c].AllowN(ctx, "b", n)
+					require.NoError(t, err)
+					if r.Allowed && n > 0 {
+						_, err := limiters[c].AllowN(ctx, "a", n)
+						require.NoError(t, err)
+					}
+				}
+			}
+		}
+	})
+}
+
+// grantAt is one grant of a shared-key trace.
+type grantAt struct {
+	atUS int64
+	n    int
+}
+
+// alignedBound is the most one configuration alone grants in an interval
+// [from, to) of µs: on its grid of precision P, the interval touches k
+// buckets, and each strategy allows L * ceil(k / S) in them.
+func alignedBound(P int64, strategies []Strategy, from, to int64) int64 {
+	k := (to-1)/P - from/P + 1
+	most := int64(-1)
+	for _, s := range strategies {
+		S := s.Window.Microseconds() / P
+		if b := int64(s.Limit) * ((k + S - 1) / S); most < 0 || b < most {
+			most = b
+		}
+	}
+	return most
+}
+
+// Two configurations alternating on one key: each grant leaves, in every
+// window of the configuration that made it (ending with the grant's
+// bucket), at most that strategy's limit, counting every configuration's
+// grants. And in every window-aligned interval of either, no more than the
+// looser of the two alone would grant there (DESIGN property 8): every
+// call checks the other configuration's strategies too while its last
+// grant is in its window, else a strict configuration's grant could land
+// in a window the looser one filled (8 per 12ms filled, then 1 per 4ms
+// grants one: 9 in 12ms).
+func TestSlidingLooserBound(t *testing.T) {
+	t.Parallel()
+	traces := 300
+	if testing.Short() {
+		traces = 30
+	}
+	type cfg struct {
+		P          int64
+		strategies []Strategy
+		l          Limiter
+		name       string
+	}
+	draw := func(rng *rand.Rand) (time.Duration, []Strategy) {
+		precision := time.Duration(1+rng.IntN(4)) * ms
+		if rng.IntN(2) == 0 {
+			return precision, []Strategy{{1 + rng.IntN(6), precision * time.Duration(1+rng.IntN(12))}}
+		}
+		return precision, randomStrategies(rng, precision, 40*precision)
+	}
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		if be.mini == nil {
+			keepTTL(be.rdb, time.Hour)
+		}
+		n := traces
+		if be.mini != nil {
+			n = max(1, traces/3)
+		}
+		over := 0
+		defer func() { t.Logf("%d traces: %d intervals over the looser bound", n, over) }()
+		for tr := range n {
+			rng := rand.New(rand.NewPCG(uint64(tr), 8))
+			clock := newClock()
+			var cfgs [2]cfg
+			for i := range cfgs {
+				precision, s := draw(rng)
+				l, err := NewSlidingLog(be.rdb, precision, s, WithPrefix(fmt.Sprintf("loose:%d:", tr)), WithClock(clock.Now))
+				require.NoError(t, err)
+				cfgs[i] = cfg{P: precision.Microseconds(), strategies: s, l: l, name: fmt.Sprintf("by %v %v", precision, s)}
+			}
+			var grants []grantAt
+			for i := range 300 {
+				clock.Advance(time.Duration(rng.IntN(800)) * us)
+				c := cfgs[i%2]
+				n := 1 + rng.IntN(2)
+				r, err := c.l.AllowN(ctx, "k", n)
+				require.NoError(t, err)
+				if !r.Allowed {
+					continue
+				}
+				now := clock.now.UnixMicro()
+				grants = append(grants, grantAt{now, n})
+				for _, s := range c.strategies {
+					from, sum := (now/c.P+1)*c.P-s.Window.Microseconds(), 0
+					for _, g := range grants {
+						if g.atUS >= from {
+							sum += g.n
+						}
+					}
+					require.LessOrEqual(t, sum, s.Limit, "trace %d: %s after a grant at %d: its window from %d", tr, c.name, now, from)
+				}
+			}
+			if len(grants) == 0 {
+				continue
+			}
+			for _, c := range cfgs {
+				for _, s := range c.strategies {
+					W := s.Window.Microseconds()
+					for from := grants[0].atUS / c.P * c.P; from <= grants[len(grants)-1].atUS; from += c.P {
+						to, sum := from+W, int64(0)
+						for _, g := range grants {
+							if g.atUS >= from && g.atUS < to {
+								sum += int64(g.n)
+							}
+						}
+						bound := max(alignedBound(cfgs[0].P, cfgs[0].strategies, from, to), alignedBound(cfgs[1].P, cfgs[1].strategies, from, to))
+						if sum <= bound {
+							continue
+						}
+						over++
+						t.Errorf("trace %d: %s and %s: [%d, %d) granted %d, over %d", tr, cfgs[0].name, cfgs[1].name, from, to, sum, bound)
+					}
+				}
+			}
+		}
+	})
+}
+
+// Single-configuration traces whose clock also jumps back, against the
+// reference model: never an error, and the model's Result, but where the
+// model has forgotten grants that a call without a grant dropped (its
+// buckets before the window, which a clock moved back sees again; the
+// script writes nothing on such a call, DESIGN property 10): there the
+// script is stricter, never looser, and the trace starts afresh.
+func TestSlidingClockBackAgainstModel(t *testing.T) {
+	t.Parallel()
+	traces, steps := 30, 400
+	if testing.Short() {
+		traces, steps = 6, 300
+	}
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		if be.mini == nil {
+			keepTTL(be.rdb, time.Hour)
+		}
+		stricter := 0
+		for tr := range traces {
+			rng := rand.New(rand.NewPCG(uint64(tr), 4))
+			precision := time.Duration(1+rng.IntN(5)) * ms
+			s := randomStrategies(rng, precision, 30*precision)
+			var limits, windows []int64
+			for _, x := range s {
+				limits, windows = append(limits, int64(x.Limit)), append(windows, x.Window.Microseconds())
+			}
+			m := model.NewSlidingLog(precision.Microseconds(), limits, windows)
+			clock := newClock()
+			l, err := NewSlidingLog(be.rdb, precision, s, WithPrefix(fmt.Sprintf("back:%d:", tr)), WithClock(clock.Now))
+			require.NoError(t, err)
+			for i := range steps {
+				step := time.Duration(rng.IntN(int(precision/us)*3)) * us
+				if rng.IntN(8) == 0 {
+					step = -step * time.Duration(1+rng.IntN(4))
+				}
+				clock.Advance(step)
+				n := rng.IntN(s[0].Limit + 2)
+				got, err := l.AllowN(ctx, "k", n)
+				require.NoError(t, err, "trace %d step %d", tr, i)
+				want := m.Step(clock.now.UnixMicro(), int64(n))
+				w := Result{Allowed: want.Allowed, Limit: int(want.Limit), Remaining: int(want.Remaining),
+					RetryAfter: time.Duration(want.RetryAfterUS) * us, ResetAfter: time.Duration(want.ResetAfterUS) * us}
+				if want.RetryAfterUS == model.Never {
+					w.RetryAfter = Never
+				}
+				if w != got {
+					stricter++
+					require.True(t, !got.Allowed || w.Allowed || n == 0, "trace %d step %d: granted where the model denies: %+v, model %+v", tr, i, got, w)
+					before := func(r Result) int {
+						if r.Allowed {
+							return r.Remaining + n
+						}
+						return r.Remaining
+					}
+					require.LessOrEqual(t, before(got), before(w), "trace %d step %d: permits left before the call: %+v, model %+v", tr, i, got, w)
+					require.NoError(t, l.Reset(ctx, "k"))
+					m.Reset()
+				}
+			}
+		}
+		t.Logf("%d traces of %d steps: %d steps stricter than the model", traces, steps, stricter)
+		require.Less(t, stricter, traces*steps/50, "the model's Result but at rare steps")
+	})
+}
+
+// With a deny cache, a sliding log of several strategies answers every
+// call with the Result Redis gives for the same history, field for field
+// (the deny cache holds a denial only while no count changes).
+func TestSlidingDenyCacheFieldForField(t *testing.T) {
+	t.Parallel()
+	traces, steps := 60, 400
+	if testing.Short() {
+		traces, steps = 10, 300
+	}
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		if be.mini == nil {
+			keepTTL(be.rdb, time.Hour)
+		}
+		local := 0
+		for tr := range traces {
+			rng := rand.New(rand.NewPCG(uint64(tr), 20))
+			precision := time.Duration(1+rng.IntN(3)) * ms
+			var s []Strategy
+			for len(s) < 3 {
+				s = randomStrategies(rng, precision, 90*precision)
+			}
+			clock := newClock()
+			prefix := WithPrefix(fmt.Sprintf("dc:%d:", tr))
+			plain, err := NewSlidingLog(be.rdb, precision, s, prefix, WithClock(clock.Now))
+			require.NoError(t, err)
+			cached, err := NewSlidingLog(be.rdb, precision, s, prefix, WithClock(clock.Now), WithDenyCache(64),
+				WithObserver(func(d Decision) {
+					if d.Local {
+						local++
+					}
+				}))
+			require.NoError(t, err)
+			for i := range steps {
+				step := time.Duration(rng.IntN(300)) * us
+				if rng.IntN(50) == 0 {
+					step = s[len(s)-1].Window * 3 / 2
+				}
+				clock.Advance(step)
+				if rng.IntN(200) == 0 {
+					require.NoError(t, plain.Reset(ctx, "a"))
+					require.NoError(t, cached.Reset(ctx, "b"))
+				}
+				n := rng.IntN(s[0].Limit + 2)
+				want, err := plain.AllowN(ctx, "a", n)
+				require.NoError(t, err)
+				got, err := cached.AllowN(ctx, "b", n)
+				require.NoError(t, err)
+				require.Equal(t, want, got, "trace %d (by %v %v) step %d n=%d", tr, precision, s, i, n)
+			}
+		}
+		require.Positive(t, local, "the deny cache answered some calls")
+	})
+}
