@@ -68,6 +68,52 @@ func TestSlidingFindingZeroCallKeepsOtherCounts(t *testing.T) {
 	})
 }
 
+// Configurations that differ only in their limits share the count exactly
+// and each applies its own (DESIGN property 8): a plan upgraded from 5 to 20
+// per minute keeps the 5 used and gets 15 more, and a downgrade back to 5
+// denies at once.
+func TestSlidingPlanUpgradeKeepsCount(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name       string
+		free, paid slidingMaker
+		extra      int
+	}{
+		{"window", slidingWindowMaker(5, time.Minute, time.Second), slidingWindowMaker(20, time.Minute, time.Second), 15},
+		{"log", slidingLogMaker(time.Second, Strategy{5, time.Minute}, Strategy{50, time.Hour}),
+			slidingLogMaker(time.Second, Strategy{20, time.Minute}, Strategy{500, time.Hour}), 15},
+	}
+	for _, c := range cases {
+		forEachBackend(t, func(t *testing.T, be backend) {
+			ctx := context.Background()
+			clock := newClock()
+			prefix := WithPrefix("upgrade:" + c.name + ":" + be.name + ":")
+			free, err := c.free(be.rdb, prefix, WithClock(clock.Now))
+			require.NoError(t, err)
+			paid, err := c.paid(be.rdb, prefix, WithClock(clock.Now))
+			require.NoError(t, err)
+			for i := range 5 {
+				r, err := free.AllowN(ctx, "tenant", 1)
+				require.NoError(t, err)
+				require.True(t, r.Allowed, "free grant %d: %+v", i, r)
+			}
+			clock.now = clock.now.Add(time.Second)
+			granted := 0
+			for range 25 {
+				r, err := paid.AllowN(ctx, "tenant", 1)
+				require.NoError(t, err)
+				if r.Allowed {
+					granted++
+				}
+			}
+			require.Equal(t, c.extra, granted, "%s: the paid plan gets what is left of its own limit", c.name)
+			r, err := free.AllowN(ctx, "tenant", 1)
+			require.NoError(t, err)
+			require.False(t, r.Allowed, "%s: back on the free plan, the 20 used deny: %+v", c.name, r)
+		})
+	}
+}
+
 // A longer window sees what a shorter one granted, whatever was trimmed:
 // X = 10 per 1s serves 9s (90 grants), then Y = 100 per 10s grants only
 // what is left of 100 in its window.

@@ -61,10 +61,17 @@ local function ceil_div(a, b)
 end
 
 -- Strategies from numbers[from..last], limit and size in turn: at most L
--- permits in S buckets of P µs.
-local function add_rules(rules, P, numbers, from, last)
+-- permits in S buckets of P µs. A strategy over the same buckets as one
+-- already there (own) is left out: the caller's own limit governs that
+-- window, so configurations that differ only in a limit share its count
+-- and each applies its own (a plan upgrade keeps what was used).
+local function add_rules(rules, P, numbers, from, last, own)
   for i = from, last, 2 do
-    rules[#rules + 1] = {L = numbers[i] + 0, S = numbers[i + 1] + 0, P = P}
+    local L, S, same = numbers[i] + 0, numbers[i + 1] + 0, false
+    for k = 1, own or 0 do
+      if rules[k].P == P and rules[k].S == S then same = true end
+    end
+    if not same then rules[#rules + 1] = {L = L, S = S, P = P} end
   end
 end
 
@@ -132,7 +139,7 @@ local function other_rules(cfg, st)
     elseif till > cfg.now then
       local numbers = {}
       for x in string.gmatch(sig, '%d+') do numbers[#numbers + 1] = x end
-      add_rules(cfg.rules, numbers[1] + 0, numbers, 2, #numbers)
+      add_rules(cfg.rules, numbers[1] + 0, numbers, 2, #numbers, cfg.own)
       cfg.stable = math.min(cfg.stable, till - cfg.now)
     end
   end
