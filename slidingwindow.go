@@ -22,8 +22,9 @@ var slidingScript = loadScript("sliding.lua")
 // longer than that, by less than the window, never shorter.
 //
 // Sliding windows of other configurations that share a key (WithPrefix)
-// are checked too, until their last grant has left their window: while two
-// share a key, both limits hold (README, "Changing limits on live keys").
+// are checked too, until their last grant has left their window, but for
+// one over the same buckets as this one, whose limit this one's replaces:
+// a plan change keeps what was used (docs/keys.md).
 // A sliding log's state at the key is foreign (ErrForeignState).
 type SlidingWindow struct {
 	limiter
