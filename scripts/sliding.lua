@@ -217,7 +217,10 @@ local function window_times(cfg, st, w, i)
   local retry, change = leaves(cfg, st, st.tail, i) - cfg.now, P - cfg.now % P
   if not w.known[i] then return retry, change end
   local target = st.cum + cfg.n - cfg.rules[i].L
-  local rows = redis.call('ZRANGEBYSCORE', KEY, w.first[i], LAST_INDEX, 'WITHSCORES', 'LIMIT', 0, SCAN)
+  -- Each bucket holds a permit at least, so the one reaching target is
+  -- among the window's first count + n - L: most denials read one.
+  local need = math.max(1, math.min(SCAN, w.count[i] + cfg.n - cfg.rules[i].L))
+  local rows = redis.call('ZRANGEBYSCORE', KEY, w.first[i], LAST_INDEX, 'WITHSCORES', 'LIMIT', '0', need)
   change = leaves(cfg, st, rows[2] + 0, i) - cfg.now
   for j = 1, #rows, 2 do
     if rows[j] + 0 >= target then return leaves(cfg, st, rows[j + 1] + 0, i) - cfg.now, change end
