@@ -81,7 +81,8 @@ local function read_args()
   local last = #ARGV
   if SHARED then last = last - 1 end
   add_rules(cfg.rules, cfg.P, ARGV, 5, last)
-  cfg.own, cfg.sig = #cfg.rules, table.concat(ARGV, ' ', 4, last)
+  cfg.own = #cfg.rules
+  if SHARED then cfg.sig = table.concat(ARGV, ' ', 4, last) end
   for i = 1, cfg.own do
     local r = cfg.rules[i]
     -- The densest strategy (most permits per µs) bounds what this
@@ -158,7 +159,7 @@ local function fold(cfg, st)
   local b = idiv(cfg.now, st.G)
   if st.tail <= b then return b end
   local from = idiv((st.tail + 1) * st.G - st.R, st.G)
-  local row = redis.call('ZREVRANGEBYSCORE', KEY, '(' .. from, '0', 'LIMIT', '0', '1')
+  local row = redis.call('ZREVRANGEBYSCORE', KEY, string.format('(%d', from), '0', 'LIMIT', '0', '1')
   if row[1] then st.base = row[1] + 0 end
   -- Buckets from C on are known: none of this configuration's windows
   -- reaches before C, and what was removed is forgotten, as when the
@@ -169,7 +170,7 @@ local function fold(cfg, st)
   -- It removes the old tail at least: a write, after which Redis takes
   -- the rest even at maxmemory.
   if type(redis.pcall('ZREMRANGEBYSCORE', KEY, b, LAST_INDEX)) ~= 'number' then return b end
-  redis.call('ZREMRANGEBYSCORE', KEY, '0', '(' .. from)
+  redis.call('ZREMRANGEBYSCORE', KEY, '0', string.format('(%d', from))
   st.tail_member = string.format('%d', st.cum)
   redis.call('ZADD', KEY, b, st.tail_member)
   write_meta(st)
@@ -194,7 +195,7 @@ local function locate(cfg, st)
     local ws = (idiv(cfg.now, r.P) - r.S + 1) * r.P
     local first, before, known = idiv(ws, st.G), st.cum, true
     if st.tail >= first then
-      local row = redis.call('ZREVRANGEBYSCORE', KEY, '(' .. first, '0', 'LIMIT', '0', '1')
+      local row = redis.call('ZREVRANGEBYSCORE', KEY, string.format('(%d', first), '0', 'LIMIT', '0', '1')
       before = st.base
       if row[1] then
         before = row[1] + 0
@@ -258,7 +259,7 @@ end
 -- new bucket costs a third less).
 local function trim(cfg, st)
   local cutoff = idiv(cfg.now - st.R, st.G)
-  local rows = redis.call('ZRANGEBYSCORE', KEY, '0', '(' .. cutoff, 'WITHSCORES', 'LIMIT', '0', SCAN)
+  local rows = redis.call('ZRANGEBYSCORE', KEY, '0', string.format('(%d', cutoff), 'WITHSCORES', 'LIMIT', '0', SCAN)
   if #rows == 0 then return end
   redis.call('ZREMRANGEBYSCORE', KEY, '0', rows[#rows])
   st.base, st.C = rows[#rows - 1] + 0, rows[#rows] + 1
