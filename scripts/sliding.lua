@@ -232,10 +232,17 @@ end
 -- allowed, and when denied the strategy reported (the longest RetryAfter,
 -- the first of equals; none when another configuration's denies longest),
 -- its RetryAfter (-1: never) and how long the denial stays as it is: until
--- the first count drops.
+-- the first count drops. The times are read for denials only: a grant
+-- needs none of them.
 local function decide(cfg, st)
   if cfg.n > cfg.rules[1].L then return false, 1, -1, 0 end
   if cfg.n == 0 then return true end
+  local over = false
+  for i = 1, #cfg.rules do
+    local r = cfg.rules[i]
+    if r.count > 0 and r.count + cfg.n > r.L then over = true end
+  end
+  if not over then return true end
   local worst, retry, stable = nil, 0, cfg.stable
   for i = 1, #cfg.rules do
     local r = cfg.rules[i]
