@@ -140,12 +140,15 @@ local function other_rules(cfg, st)
   end
 end
 
--- The meta member, rewritten when it changed.
-local function write_meta(st)
+-- Bucket b's member, and the meta member when it changed: one ZADD.
+local function write(st, b, member)
   local meta = string.format('%s6 %d %d %d %d %d %d', KIND, st.G, st.R, st.Ln, st.Wn, st.base, st.C)
-  if meta == st.meta then return end
+  if meta == st.meta then
+    redis.call('ZADD', KEY, b, member)
+    return
+  end
   if st.meta then redis.call('ZREM', KEY, st.meta) end
-  redis.call('ZADD', KEY, '+inf', meta)
+  redis.call('ZADD', KEY, b, member, '+inf', meta)
   st.meta = meta
 end
 
@@ -172,8 +175,7 @@ local function fold(cfg, st)
   if type(redis.pcall('ZREMRANGEBYSCORE', KEY, b, LAST_INDEX)) ~= 'number' then return b end
   redis.call('ZREMRANGEBYSCORE', KEY, '0', string.format('(%d', from))
   st.tail_member = string.format('%d', st.cum)
-  redis.call('ZADD', KEY, b, st.tail_member)
-  write_meta(st)
+  write(st, b, st.tail_member)
   return b
 end
 
@@ -278,11 +280,11 @@ end
 local function apply(cfg, st, b)
   if st.old then redis.call('DEL', KEY) end
   if st.tail == b then redis.call('ZREM', KEY, st.tail_member) end
-  redis.call('ZADD', KEY, b, string.format('%d', st.cum + cfg.n))
   if cfg.window > st.R then st.R = cfg.window end
   if cfg.Ld * st.Wn > st.Ln * cfg.Wd then st.Ln, st.Wn = cfg.Ld, cfg.Wd end
+  -- Trimming reads and removes buckets below now's only.
   if st.tail ~= b and idiv(st.cum + cfg.n, SCAN) > idiv(st.cum, SCAN) then trim(cfg, st) end
-  write_meta(st)
+  write(st, b, string.format('%d', st.cum + cfg.n))
   -- This configuration's entry, and the others' that lapsed.
   local till = leaves(cfg, st, b, cfg.own)
   if SHARED and till ~= cfg.own_until then redis.call('ZADD', KEY, -till, cfg.sig) end
