@@ -88,8 +88,10 @@ local function read_args()
   local last = #ARGV
   if SHARED then last = last - 1 end
   add_rules(cfg.rules, cfg.P, ARGV, 5, last)
-  cfg.own, cfg.sig = #cfg.rules, table.concat(ARGV, ' ', 4, last)
-  for _, r in ipairs(cfg.rules) do
+  cfg.own = #cfg.rules
+  if SHARED then cfg.sig = table.concat(ARGV, ' ', 4, last) end
+  for i = 1, cfg.own do
+    local r = cfg.rules[i]
     -- The densest strategy (most permits per µs) bounds what this
     -- configuration can grant in any span.
     if r.L * cfg.Wd > cfg.Ld * r.S * r.P then cfg.Ld, cfg.Wd = r.L, r.S * r.P end
@@ -103,7 +105,7 @@ end
 -- or "L4" in field m) reads as empty, and the first grant replaces it.
 local function read_state(cfg)
   local st = {G = cfg.P, R = 0, Ln = 0, Wn = 1, base = 0, C = 0, cum = 0, tail = -1, entries = {}}
-  local rows = redis.pcall('ZRANGE', KEY, -2, -1, 'WITHSCORES')
+  local rows = redis.pcall('ZRANGE', KEY, '-2', '-1', 'WITHSCORES')
   if rows.err then
     local m = redis.pcall('HGET', KEY, 'm')
     if type(m) == 'string' and string.find(m, '^' .. string.upper(KIND) .. '4 ') then
@@ -145,12 +147,15 @@ local function other_rules(cfg, st)
   end
 end
 
--- The meta member, rewritten when it changed.
-local function write_meta(st)
+-- Bucket b's member, and the meta member when it changed: one ZADD.
+local function write(st, b, member)
   local meta = string.format('%s6 %d %d %d %d %d %d', KIND, st.G, st.R, st.Ln, st.Wn, st.base, st.C)
-  if meta == st.meta then return end
+  if meta == st.meta then
+    redis.call('ZADD', KEY, b, member)
+    return
+  end
   if st.meta then redis.call('ZREM', KEY, st.meta) end
-  redis.call('ZADD', KEY, '+inf', meta)
+  redis.call('ZADD', KEY, b, member, '+inf', meta)
   st.meta = meta
 end
 
@@ -164,7 +169,7 @@ local function fold(cfg, st)
   local b = idiv(cfg.now, st.G)
   if st.tail <= b then return b end
   local from = idiv((st.tail + 1) * st.G - st.R, st.G)
-  local row = redis.call('ZREVRANGEBYSCORE', KEY, '(' .. from, 0, 'LIMIT', 0, 1)
+  local row = redis.call('ZREVRANGEBYSCORE', KEY, string.format('(%d', from), '0', 'LIMIT', '0', '1')
   if row[1] then st.base = row[1] + 0 end
   -- Buckets from C on are known: none of this configuration's windows
   -- reaches before C, and what was removed is forgotten, as when the
@@ -175,10 +180,9 @@ local function fold(cfg, st)
   -- It removes the old tail at least: a write, after which Redis takes
   -- the rest even at maxmemory.
   if type(redis.pcall('ZREMRANGEBYSCORE', KEY, b, LAST_INDEX)) ~= 'number' then return b end
-  redis.call('ZREMRANGEBYSCORE', KEY, 0, '(' .. from)
+  redis.call('ZREMRANGEBYSCORE', KEY, '0', string.format('(%d', from))
   st.tail_member = string.format('%d', st.cum)
-  redis.call('ZADD', KEY, b, st.tail_member)
-  write_meta(st)
+  write(st, b, st.tail_member)
   return b
 end
 
@@ -195,12 +199,12 @@ end
 -- window is longer than any that granted before) counts their grants as
 -- used, up to what the densest writer could have granted there.
 local function locate(cfg, st)
-  local w = {first = {}, known = {}, count = {}}
-  for i, r in ipairs(cfg.rules) do
+  for i = 1, #cfg.rules do
+    local r = cfg.rules[i]
     local ws = (idiv(cfg.now, r.P) - r.S + 1) * r.P
     local first, before, known = idiv(ws, st.G), st.cum, true
     if st.tail >= first then
-      local row = redis.call('ZREVRANGEBYSCORE', KEY, '(' .. first, 0, 'LIMIT', 0, 1)
+      local row = redis.call('ZREVRANGEBYSCORE', KEY, string.format('(%d', first), '0', 'LIMIT', '0', '1')
       before = st.base
       if row[1] then
         before = row[1] + 0
@@ -208,9 +212,8 @@ local function locate(cfg, st)
         before, known = before - math.min(st.base, st.Ln * (ceil_div(st.C * st.G - ws, st.Wn) + 1)), false
       end
     end
-    w.first[i], w.known[i], w.count[i] = first, known, st.cum - before
+    r.first, r.known, r.count = first, known, st.cum - before
   end
-  return w
 end
 
 -- When strategy i's count first drops, and when it has dropped to L_i - n
@@ -219,12 +222,15 @@ end
 -- is not among the window's first SCAN, or the count is partly unknown
 -- (then it drops at each of this configuration's buckets), the RetryAfter
 -- is the time the tail leaves: longer than the truth, never shorter.
-local function window_times(cfg, st, w, i)
-  local P = cfg.rules[i].P
-  local retry, change = leaves(cfg, st, st.tail, i) - cfg.now, P - cfg.now % P
-  if not w.known[i] then return retry, change end
-  local target = st.cum + cfg.n - cfg.rules[i].L
-  local rows = redis.call('ZRANGEBYSCORE', KEY, w.first[i], LAST_INDEX, 'WITHSCORES', 'LIMIT', 0, SCAN)
+local function window_times(cfg, st, i)
+  local r = cfg.rules[i]
+  local retry, change = leaves(cfg, st, st.tail, i) - cfg.now, r.P - cfg.now % r.P
+  if not r.known then return retry, change end
+  local target = st.cum + cfg.n - r.L
+  -- Each bucket holds a permit at least, so the one reaching target is
+  -- among the window's first count + n - L: most denials read one.
+  local need = math.max(1, math.min(SCAN, r.count + cfg.n - r.L))
+  local rows = redis.call('ZRANGEBYSCORE', KEY, r.first, LAST_INDEX, 'WITHSCORES', 'LIMIT', '0', need)
   change = leaves(cfg, st, rows[2] + 0, i) - cfg.now
   for j = 1, #rows, 2 do
     if rows[j] + 0 >= target then return leaves(cfg, st, rows[j + 1] + 0, i) - cfg.now, change end
@@ -235,16 +241,24 @@ end
 -- allowed, and when denied the strategy reported (the longest RetryAfter,
 -- the first of equals; none when another configuration's denies longest),
 -- its RetryAfter (-1: never) and how long the denial stays as it is: until
--- the first count drops.
-local function decide(cfg, st, w)
+-- the first count drops. The times are read for denials only: a grant
+-- needs none of them.
+local function decide(cfg, st)
   if cfg.n > cfg.rules[1].L then return false, 1, -1, 0 end
   if cfg.n == 0 then return true end
+  local over = false
+  for i = 1, #cfg.rules do
+    local r = cfg.rules[i]
+    if r.count > 0 and r.count + cfg.n > r.L then over = true end
+  end
+  if not over then return true end
   local worst, retry, stable = nil, 0, cfg.stable
-  for i, r in ipairs(cfg.rules) do
-    if w.count[i] > 0 then
-      local after, change = window_times(cfg, st, w, i)
+  for i = 1, #cfg.rules do
+    local r = cfg.rules[i]
+    if r.count > 0 then
+      local after, change = window_times(cfg, st, i)
       stable = math.min(stable, change)
-      if w.count[i] + cfg.n > r.L and (not worst or after > retry) then worst, retry = i, after end
+      if r.count + cfg.n > r.L and (not worst or after > retry) then worst, retry = i, after end
     end
   end
   if not worst then return true end
@@ -261,9 +275,9 @@ end
 -- new bucket costs a third less).
 local function trim(cfg, st)
   local cutoff = idiv(cfg.now - st.R, st.G)
-  local rows = redis.call('ZRANGEBYSCORE', KEY, 0, '(' .. cutoff, 'WITHSCORES', 'LIMIT', 0, SCAN)
+  local rows = redis.call('ZRANGEBYSCORE', KEY, '0', string.format('(%d', cutoff), 'WITHSCORES', 'LIMIT', '0', SCAN)
   if #rows == 0 then return end
-  redis.call('ZREMRANGEBYSCORE', KEY, 0, rows[#rows])
+  redis.call('ZREMRANGEBYSCORE', KEY, '0', rows[#rows])
   st.base, st.C = rows[#rows - 1] + 0, rows[#rows] + 1
 end
 
@@ -273,11 +287,11 @@ end
 local function apply(cfg, st, b)
   if st.old then redis.call('DEL', KEY) end
   if st.tail == b then redis.call('ZREM', KEY, st.tail_member) end
-  redis.call('ZADD', KEY, b, string.format('%d', st.cum + cfg.n))
   if cfg.window > st.R then st.R = cfg.window end
   if cfg.Ld * st.Wn > st.Ln * cfg.Wd then st.Ln, st.Wn = cfg.Ld, cfg.Wd end
+  -- Trimming reads and removes buckets below now's only.
   if st.tail ~= b and idiv(st.cum + cfg.n, SCAN) > idiv(st.cum, SCAN) then trim(cfg, st) end
-  write_meta(st)
+  write(st, b, string.format('%d', st.cum + cfg.n))
   -- This configuration's entry, and the others' that lapsed.
   local till = leaves(cfg, st, b, cfg.own)
   if SHARED and till ~= cfg.own_until then redis.call('ZADD', KEY, -till, cfg.sig) end
@@ -289,11 +303,12 @@ end
 -- Remaining is the fewest permits left (reported: this configuration's
 -- first strategy with the fewest, unless a denial names another);
 -- ResetAfter the time the tail leaves the longest window.
-local function reply(cfg, st, w, allowed, reported, retry, stable)
+local function reply(cfg, st, allowed, reported, retry, stable)
   local used = allowed and cfg.n or 0
   local remaining, fewest, own_left, reset = nil, 1, nil, 0
-  for i, r in ipairs(cfg.rules) do
-    local left = math.max(0, r.L - w.count[i] - used)
+  for i = 1, #cfg.rules do
+    local r = cfg.rules[i]
+    local left = math.max(0, r.L - r.count - used)
     if not remaining or left < remaining then remaining = left end
     if i <= cfg.own and (not own_left or left < own_left) then own_left, fewest = left, i end
     reset = math.max(reset, leaves(cfg, st, st.tail, i) - cfg.now)
@@ -308,7 +323,7 @@ local st, foreign = read_state(cfg)
 if not st then return redis.error_reply('NOTOURS holds ' .. foreign .. NOT_OURS) end
 local b = fold(cfg, st)
 other_rules(cfg, st)
-local w = locate(cfg, st)
-local allowed, reported, retry, stable = decide(cfg, st, w)
+locate(cfg, st)
+local allowed, reported, retry, stable = decide(cfg, st)
 if allowed and cfg.n > 0 then apply(cfg, st, b) end
-return reply(cfg, st, w, allowed, reported, retry, stable)
+return reply(cfg, st, allowed, reported, retry, stable)
