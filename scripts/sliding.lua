@@ -154,8 +154,10 @@ local function write(st, b, member)
     redis.call('ZADD', KEY, b, member)
     return
   end
-  if st.meta then redis.call('ZREM', KEY, st.meta) end
+  -- Add before removing the old meta: a set left empty even for a moment
+  -- is a deleted key, and the new one would carry no TTL.
   redis.call('ZADD', KEY, b, member, '+inf', meta)
+  if st.meta then redis.call('ZREM', KEY, st.meta) end
   st.meta = meta
 end
 
