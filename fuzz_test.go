@@ -48,8 +48,8 @@ func fuzzCall(t *testing.T, l Limiter, err error, limits []int, key string, n in
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	r, err := l.AllowN(ctx, key, n)
-	if key == "" || n < 0 {
-		require.ErrorIs(t, err, ErrInvalidArgument, "key %q, n %d", key, n)
+	if key == "" || len(key) > MaxKeyBytes || n < 0 {
+		require.ErrorIs(t, err, ErrInvalidArgument, "key of %d bytes, n %d", len(key), n)
 		return
 	}
 	require.NoError(t, err, "a valid limiter must decide key %q, n %d", key, n)
@@ -269,9 +269,9 @@ func FuzzKeys(f *testing.F) {
 			require.True(t, r.Allowed)
 
 			r, err = l.AllowN(ctx, key, 1)
-			if key == "" {
-				require.ErrorIs(t, err, ErrInvalidArgument, "%s: empty key", name)
-				require.ErrorIs(t, l.Reset(ctx, key), ErrInvalidArgument, "%s: reset of the empty key", name)
+			if key == "" || len(key) > MaxKeyBytes {
+				require.ErrorIs(t, err, ErrInvalidArgument, "%s: key of %d bytes", name, len(key))
+				require.ErrorIs(t, l.Reset(ctx, key), ErrInvalidArgument, "%s: reset of a key of %d bytes", name, len(key))
 				continue
 			}
 			require.NoError(t, err, "%s: key %q", name, key)
