@@ -23,29 +23,43 @@
 -- decimal count of every permit granted on the key up to and including that
 -- bucket (cumulative, so members are unique and the count in any span of
 -- buckets is one subtraction). And one meta member, score +inf:
---   "<kind>6 G R Ln Wn base C"   (kind w or l, format 6)
+--   "<kind>7 G R Ln Wn base C T" then " f cb ni" per remembered window
 -- G the grid (µs, the first writer's precision); R the longest window (µs)
 -- of any configuration that granted; Ln per Wn µs the densest strategy of
 -- any configuration that granted; base the cumulative count of the last
--- bucket trimmed away; C the first bucket index still fully known. And one
--- member per configuration that granted, score -until, text "P L_1 S_1
--- L_2 S_2 ...": its strategies bind every call until its last grant leaves
--- its longest window (until, Unix µs). Configurations sharing a key
--- (WithPrefix) all read it by the same rule; a default key, which only
--- one configuration ever reads, keeps no such member.
+-- bucket trimmed away; C the first bucket index still fully known; T the
+-- tail (the last bucket granted in). Each " f cb ni" remembers, for a
+-- window starting at bucket f, the count of every permit granted before f
+-- (cb) and the first bucket from f on that holds a permit (ni): facts about
+-- buckets before the tail, which no later grant changes, so a call whose
+-- windows start where a grant's did reads no bucket. And one member per
+-- configuration that granted, score -until, text "P L_1 S_1 L_2 S_2 ...":
+-- its strategies bind every call until its last grant leaves its longest
+-- window (until, Unix µs). Configurations sharing a key (WithPrefix) all
+-- read it by the same rule; a default key, which only one configuration
+-- ever reads, keeps no such member.
 --
 -- The reply is six integers: allowed (0/1), remaining, retry-after µs (-1:
 -- never), reset-after µs, the index of the strategy reported, and stable µs:
 -- how long the same request gets the same reply but for its durations
 -- counting down (the deny cache's bound).
+--
+-- How it reads: the steps of a decision are the sections below, in order,
+-- each headed by its name: read_args, read_state, fold, other_rules,
+-- locate, decide, apply, reply. They share the chunk's locals. Redis makes
+-- every function and table of a script anew on every call, and each costs
+-- it about what a Redis command does: the steps are not functions, and the
+-- few functions take what they need as arguments where they can.
+--
+-- A rule is {L, S, P, first, before, count, next, known, memo}: at most L
+-- permits in S buckets of P µs, and what locate finds: the window's first
+-- bucket on the key's grid, the count before it, the count in it, its
+-- first bucket holding a permit (false when not known), whether the count
+-- is known exactly, and the remembered window it used (false if none).
 
-local KEY = KEYS[1]
-local KIND = ARGV[3]
-local SHARED = #ARGV % 2 == 1
-local META = '^' .. KIND .. '6 (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$'
+local KEY, KIND = KEYS[1], ARGV[3]
 -- Above every bucket index (they stay below 2^52 / 1000) and below the meta.
-local LAST_INDEX = '9007199254740992'
-local NOT_OURS = ', not redlimit state; it was left unchanged'
+local LAST = '9007199254740992'
 -- Most buckets one call reads to find a RetryAfter, or trims.
 local SCAN = 8
 
@@ -56,276 +70,305 @@ local function idiv(a, b)
   return (a - r) / b
 end
 
-local function ceil_div(a, b)
-  return idiv(a + b - 1, b)
+-- The time bucket k of a grid of g µs leaves rule r's window.
+local function leaves(k, g, r)
+  return (idiv((k + 1) * g + r.P - 1, r.P) + r.S - 1) * r.P
 end
 
--- Strategies from numbers[from..last], limit and size in turn: at most L
--- permits in S buckets of P µs. A strategy over the same buckets as one
--- already there (own) is left out: the caller's own limit governs that
--- window, so configurations that differ only in a limit share its count
--- and each applies its own (a plan upgrade keeps what was used).
-local function add_rules(rules, P, numbers, from, last, own)
+-- Strategies from numbers[from..last], limit and size in turn, on precision
+-- p, appended to rules. A strategy over the same buckets as one of the
+-- caller's own (the first own) is left out: the caller's own limit governs
+-- that window, so configurations that differ only in a limit share its
+-- count and each applies its own (a plan upgrade keeps what was used).
+local function add_rules(rules, own, p, numbers, from, last)
   for i = from, last, 2 do
     local L, S, same = numbers[i] + 0, numbers[i + 1] + 0, false
-    for k = 1, own or 0 do
-      if rules[k].P == P and rules[k].S == S then same = true end
+    for k = 1, own do
+      if rules[k].P == p and rules[k].S == S then same = true end
     end
-    if not same then rules[#rules + 1] = {L = L, S = S, P = P} end
+    if not same then
+      rules[#rules + 1] = {L = L, S = S, P = p, first = 0, before = 0, count = 0, next = false, known = true, memo = false}
+    end
   end
 end
 
--- The request and the configuration, from ARGV: its strategies come first
--- in cfg.rules (cfg.own of them), other configurations' follow.
-local function read_args()
-  local cfg = {n = ARGV[2] + 0, P = ARGV[4] + 0, rules = {}, Ld = 0, Wd = 1}
-  if ARGV[1] == '' then
-    local t = redis.call('TIME')
-    cfg.now = t[1] * 1000000 + t[2]
+-- read_args: the request and the configuration. Its strategies come first
+-- in rules (own of them), other configurations' follow. Ld per Wd µs is its
+-- densest strategy (most permits per µs): it bounds what it can grant in
+-- any span.
+local n, P, now = ARGV[2] + 0, ARGV[4] + 0, nil
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+else
+  now = ARGV[1] + 0
+end
+local last, sig = #ARGV, nil
+local shared = last % 2 == 1
+if shared then
+  last = last - 1
+  sig = table.concat(ARGV, ' ', 4, last)
+end
+local rules = {}
+add_rules(rules, 0, P, ARGV, 5, last)
+local own = #rules
+local Ld, Wd = 0, 1
+for i = 1, own do
+  local r = rules[i]
+  if r.L * Wd > Ld * r.S * P then Ld, Wd = r.L, r.S * P end
+end
+
+-- read_state: the meta, the tail and the remembered windows (memo, a list
+-- of {f, cb, ni}: a table indexed by bucket numbers would make miniredis's
+-- Lua fill it up to the index), or an empty key's state on this
+-- configuration's grid (no tail: T = -1). A state in the previous released
+-- format (format 6, or a hash with "W4" or "L4" in field m) reads as
+-- empty, and the first grant replaces it.
+local meta, G, R, Ln, Wn, base, C, T = nil, P, 0, 0, 1, 0, 0, -1
+local tail_member, cum, memo, entries, old = nil, 0, {}, {}, false
+local rows = redis.pcall('ZRANGE', KEY, '-2', '-1')
+local foreign
+if rows.err then
+  local m = redis.pcall('HGET', KEY, 'm')
+  old = type(m) == 'string' and string.find(m, '^' .. string.upper(KIND) .. '4 ') ~= nil
+  if not old then foreign = 'another type than sliding state' end
+elseif #rows > 0 then
+  local kind, format, g, r, ln, wn, b, c, t, remembered =
+    string.match(rows[#rows], '^(%a)(%d) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)(.*)$')
+  if kind == KIND and format == '7' then
+    meta, G, R, Ln, Wn, base, C, T = rows[#rows], g + 0, r + 0, ln + 0, wn + 0, b + 0, c + 0, t + 0
+    for f, cb, ni in string.gmatch(remembered, ' (%d+) (%d+) (%d+)') do
+      memo[#memo + 1] = {f + 0, cb + 0, ni + 0, false}
+    end
+    cum = base
+    if #rows == 2 and string.find(rows[1], '^%d+$') then tail_member, cum = rows[1], rows[1] + 0 end
+    if shared then entries = redis.call('ZRANGEBYSCORE', KEY, '-inf', '(0', 'WITHSCORES') end
+  elseif string.find(rows[#rows], '^' .. KIND .. '6 ') then
+    old = true
   else
-    cfg.now = ARGV[1] + 0
-  end
-  local last = #ARGV
-  if SHARED then last = last - 1 end
-  add_rules(cfg.rules, cfg.P, ARGV, 5, last)
-  cfg.own = #cfg.rules
-  if SHARED then cfg.sig = table.concat(ARGV, ' ', 4, last) end
-  for i = 1, cfg.own do
-    local r = cfg.rules[i]
-    -- The densest strategy (most permits per µs) bounds what this
-    -- configuration can grant in any span.
-    if r.L * cfg.Wd > cfg.Ld * r.S * r.P then cfg.Ld, cfg.Wd = r.L, r.S * r.P end
-  end
-  cfg.window = cfg.rules[cfg.own].S * cfg.P
-  return cfg
-end
-
--- The key's state: its meta and its tail (last bucket), or an empty state
--- on the configuration's grid. A hash in the previous released format ("W4"
--- or "L4" in field m) reads as empty, and the first grant replaces it.
-local function read_state(cfg)
-  local st = {G = cfg.P, R = 0, Ln = 0, Wn = 1, base = 0, C = 0, cum = 0, tail = -1, entries = {}}
-  local rows = redis.pcall('ZRANGE', KEY, '-2', '-1', 'WITHSCORES')
-  if rows.err then
-    local m = redis.pcall('HGET', KEY, 'm')
-    if type(m) == 'string' and string.find(m, '^' .. string.upper(KIND) .. '4 ') then
-      st.old = true
-      return st
-    end
-    return nil, 'another type than sliding state'
-  end
-  if #rows == 0 then return st end
-  local G, R, Ln, Wn, base, C = string.match(rows[#rows - 1], META)
-  if not G then return nil, 'a sorted set that is not sliding state' end
-  st.meta = rows[#rows - 1]
-  if SHARED then st.entries = redis.call('ZRANGEBYSCORE', KEY, '-inf', '(0', 'WITHSCORES') end
-  st.G, st.R, st.Ln, st.Wn, st.base, st.C = G + 0, R + 0, Ln + 0, Wn + 0, base + 0, C + 0
-  st.cum = st.base
-  if #rows == 4 then
-    if not string.find(rows[1], '^%d+$') then return nil, 'a sorted set that is not sliding state' end
-    st.tail_member, st.cum, st.tail = rows[1], rows[1] + 0, rows[2] + 0
-  end
-  return st
-end
-
--- The strategies of the other configurations whose last grant is still in
--- their longest window bind this call too. So while configurations
--- alternate, every grant satisfies all of them. cfg.stable: until the
--- first of them lapses, the rules stay as they are.
-local function other_rules(cfg, st)
-  cfg.stable = math.huge
-  for j = 1, #st.entries, 2 do
-    local sig, till = st.entries[j], -st.entries[j + 1]
-    if sig == cfg.sig then
-      cfg.own_until = till
-    elseif till > cfg.now then
-      local numbers = {}
-      for x in string.gmatch(sig, '%d+') do numbers[#numbers + 1] = x end
-      add_rules(cfg.rules, numbers[1] + 0, numbers, 2, #numbers, cfg.own)
-      cfg.stable = math.min(cfg.stable, till - cfg.now)
-    end
+    foreign = 'a sorted set that is not sliding state'
   end
 end
+if foreign then return redis.error_reply('NOTOURS holds ' .. foreign .. ', not redlimit state; it was left unchanged') end
 
--- Bucket b's member, and the meta member when it changed: one ZADD.
-local function write(st, b, member)
-  local meta = string.format('%s6 %d %d %d %d %d %d', KIND, st.G, st.R, st.Ln, st.Wn, st.base, st.C)
-  if meta == st.meta then
-    redis.call('ZADD', KEY, b, member)
-    return
+-- Bucket b's member and the meta: the tail b and the windows remembered
+-- that this call used. The old meta goes after: a set left empty even for
+-- a moment is a deleted key, and the new one would carry no TTL.
+local function write_meta(b, member)
+  local text = {string.format('%s7 %d %d %d %d %d %d %d', KIND, G, R, Ln, Wn, base, C, b)}
+  for i = 1, #memo do
+    local m = memo[i]
+    if m[4] then text[#text + 1] = string.format(' %d %d %d', m[1], m[2], m[3]) end
   end
-  -- Add before removing the old meta: a set left empty even for a moment
-  -- is a deleted key, and the new one would carry no TTL.
-  redis.call('ZADD', KEY, b, member, '+inf', meta)
-  if st.meta then redis.call('ZREM', KEY, st.meta) end
-  st.meta = meta
+  local new = table.concat(text)
+  redis.call('ZADD', KEY, b, member, '+inf', new)
+  if meta and meta ~= new then redis.call('ZREM', KEY, meta) end
+  meta = new
 end
 
--- The clock went back behind the tail: the buckets from now's on are moved
--- into now's, as if granted now, and those before the longest window ending
--- at the tail are trimmed, so that no key stays locked for longer than its
--- windows from now. The only write a denial or n == 0 ever makes; when
--- Redis refuses it, the decision is the same. Its work grows with the
--- buckets moved: a clock, not a caller, decides when it runs.
-local function fold(cfg, st)
-  local b = idiv(cfg.now, st.G)
-  if st.tail <= b then return b end
-  local from = idiv((st.tail + 1) * st.G - st.R, st.G)
+-- fold: when the clock went back behind the tail, the buckets from now's on
+-- are moved into now's, as if granted now, and those before the longest
+-- window ending at the tail are trimmed, so that no key stays locked for
+-- longer than its windows from now. What was remembered of the buckets
+-- moved is no longer true, and goes. The only write a denial or n == 0
+-- ever makes; when Redis refuses it, the decision is the same. Its work
+-- grows with the buckets moved: a clock, not a caller, decides when it
+-- runs.
+local b, folded = idiv(now, G), false
+if T > b then
+  local from = idiv((T + 1) * G - R, G)
   local row = redis.call('ZREVRANGEBYSCORE', KEY, string.format('(%d', from), '0', 'LIMIT', '0', '1')
-  if row[1] then st.base = row[1] + 0 end
+  if row[1] then base = row[1] + 0 end
   -- Buckets from C on are known: none of this configuration's windows
   -- reaches before C, and what was removed is forgotten, as when the
   -- clock is not moved (the reference model's rule).
-  local longest = (idiv(cfg.now, cfg.P) - cfg.rules[cfg.own].S + 1) * cfg.P
-  st.C = math.min(math.max(st.C, from), idiv(longest, st.G))
-  st.tail, cfg.folded = b, true
+  local longest = (idiv(now, P) - rules[own].S + 1) * P
+  C = math.min(math.max(C, from), idiv(longest, G))
+  T, memo, folded = b, {}, true
   -- It removes the old tail at least: a write, after which Redis takes
   -- the rest even at maxmemory.
-  if type(redis.pcall('ZREMRANGEBYSCORE', KEY, b, LAST_INDEX)) ~= 'number' then return b end
-  redis.call('ZREMRANGEBYSCORE', KEY, '0', string.format('(%d', from))
-  st.tail_member = string.format('%d', st.cum)
-  write(st, b, st.tail_member)
-  return b
-end
-
--- The time bucket k of the key's grid leaves strategy i's window.
-local function leaves(cfg, st, k, i)
-  local r = cfg.rules[i]
-  return (ceil_div((k + 1) * st.G, r.P) + r.S - 1) * r.P
-end
-
--- Each strategy's window [ws, now] counts the state buckets from the one
--- holding ws (whole: conservative when the grids differ): count = tail's
--- cumulative count minus the last one before the window. Buckets trimmed
--- away leave base; a window reaching before them (a configuration whose
--- window is longer than any that granted before) counts their grants as
--- used, up to what the densest writer could have granted there.
-local function locate(cfg, st)
-  for i = 1, #cfg.rules do
-    local r = cfg.rules[i]
-    local ws = (idiv(cfg.now, r.P) - r.S + 1) * r.P
-    local first, before, known = idiv(ws, st.G), st.cum, true
-    if st.tail >= first then
-      local row = redis.call('ZREVRANGEBYSCORE', KEY, string.format('(%d', first), '0', 'LIMIT', '0', '1')
-      before = st.base
-      if row[1] then
-        before = row[1] + 0
-      elseif first < st.C then
-        before, known = before - math.min(st.base, st.Ln * (ceil_div(st.C * st.G - ws, st.Wn) + 1)), false
-      end
-    end
-    r.first, r.known, r.count = first, known, st.cum - before
+  if type(redis.pcall('ZREMRANGEBYSCORE', KEY, b, LAST)) == 'number' then
+    redis.call('ZREMRANGEBYSCORE', KEY, '0', string.format('(%d', from))
+    tail_member = string.format('%d', cum)
+    write_meta(b, tail_member)
   end
 end
 
--- When strategy i's count first drops, and when it has dropped to L_i - n
--- (the RetryAfter of n): when the first bucket in its window leaves it, and
--- the first whose cumulative count reaches cum + n - L_i. When that bucket
--- is not among the window's first SCAN, or the count is partly unknown
--- (then it drops at each of this configuration's buckets), the RetryAfter
--- is the time the tail leaves: longer than the truth, never shorter.
-local function window_times(cfg, st, i)
-  local r = cfg.rules[i]
-  local retry, change = leaves(cfg, st, st.tail, i) - cfg.now, r.P - cfg.now % r.P
+-- other_rules: the strategies of the other configurations whose last grant
+-- is still in their longest window bind this call too. So while
+-- configurations alternate, every grant satisfies all of them. stable:
+-- until the first of them lapses, the rules stay as they are.
+local stable, own_until = math.huge, nil
+for j = 1, #entries, 2 do
+  local text, till = entries[j], -entries[j + 1]
+  if text == sig then
+    own_until = till
+  elseif till > now then
+    local numbers = {}
+    for x in string.gmatch(text, '%d+') do numbers[#numbers + 1] = x end
+    add_rules(rules, own, numbers[1] + 0, numbers, 2, #numbers)
+    stable = math.min(stable, till - now)
+  end
+end
+
+-- locate: each rule's window [ws, now] counts the state buckets from the
+-- one holding ws, first (whole: conservative when the grids differ): count
+-- = the tail's cumulative count minus before, the count before first.
+-- before and next are remembered for a window a grant saw, else before is
+-- read. Buckets trimmed away leave base; a window reaching before them (a
+-- configuration whose window is longer than any that granted before)
+-- counts their grants as used, up to what the densest writer could have
+-- granted there.
+for i = 1, #rules do
+  local r = rules[i]
+  local ws = (idiv(now, r.P) - r.S + 1) * r.P
+  local first, before = idiv(ws, G), cum
+  for j = 1, #memo do
+    if memo[j][1] == first then r.memo = memo[j] end
+  end
+  if r.memo then r.memo[4] = true end
+  if T < first then
+    before = cum
+  elseif r.memo then
+    before, r.next = r.memo[2], r.memo[3]
+  else
+    local row = redis.call('ZREVRANGEBYSCORE', KEY, string.format('(%d', first), '0', 'LIMIT', '0', '1')
+    before = base
+    if row[1] then
+      before = row[1] + 0
+    elseif first < C then
+      before, r.known = before - math.min(base, Ln * (idiv(C * G - ws + Wn - 1, Wn) + 1)), false
+    end
+  end
+  r.first, r.before, r.count = first, before, cum - before
+end
+
+-- The first buckets of rule r's window (at most need): the rows'
+-- cumulative counts and indexes in turn. The first is r.next.
+local function window_rows(r, need)
+  local rows = redis.call('ZRANGEBYSCORE', KEY, r.first, LAST, 'WITHSCORES', 'LIMIT', '0', need)
+  r.next = r.next or rows[2] + 0
+  return rows
+end
+
+-- When rule r's count first drops, and when it has dropped to L - n (the
+-- RetryAfter of n): when the first bucket in its window leaves it, and the
+-- first whose cumulative count reaches cum + n - L. When that bucket is not
+-- among the window's first SCAN, or the count is partly unknown (then it
+-- drops at each of this configuration's buckets), the RetryAfter is the
+-- time the tail leaves: longer than the truth, never shorter.
+local function window_times(r)
+  local retry, change = leaves(T, G, r) - now, r.P - now % r.P
   if not r.known then return retry, change end
-  local target = st.cum + cfg.n - r.L
+  local target = cum + n - r.L
+  -- The first bucket holds a permit at least: it reaches before + 1.
+  if r.next and target <= r.before + 1 then
+    change = leaves(r.next, G, r) - now
+    return change, change
+  end
   -- Each bucket holds a permit at least, so the one reaching target is
-  -- among the window's first count + n - L: most denials read one.
-  local need = math.max(1, math.min(SCAN, r.count + cfg.n - r.L))
-  local rows = redis.call('ZRANGEBYSCORE', KEY, r.first, LAST_INDEX, 'WITHSCORES', 'LIMIT', '0', need)
-  change = leaves(cfg, st, rows[2] + 0, i) - cfg.now
+  -- among the window's first count + n - L.
+  local rows = window_rows(r, math.max(1, math.min(SCAN, r.count + n - r.L)))
+  change = leaves(r.next, G, r) - now
   for j = 1, #rows, 2 do
-    if rows[j] + 0 >= target then return leaves(cfg, st, rows[j + 1] + 0, i) - cfg.now, change end
+    if rows[j] + 0 >= target then return leaves(rows[j + 1] + 0, G, r) - now, change end
   end
   return retry, change
 end
 
--- allowed, and when denied the strategy reported (the longest RetryAfter,
--- the first of equals; none when another configuration's denies longest),
--- its RetryAfter (-1: never) and how long the denial stays as it is: until
--- the first count drops. The times are read for denials only: a grant
--- needs none of them.
-local function decide(cfg, st)
-  if cfg.n > cfg.rules[1].L then return false, 1, -1, 0 end
-  if cfg.n == 0 then return true end
-  local over = false
-  for i = 1, #cfg.rules do
-    local r = cfg.rules[i]
-    if r.count > 0 and r.count + cfg.n > r.L then over = true end
+-- decide: allowed, and when denied the rule reported (the longest
+-- RetryAfter, the first of equals; none when another configuration's
+-- denies longest), its RetryAfter (-1: never) and how long the denial
+-- stays as it is: until the first count drops. The times are read for
+-- denials only: a grant needs none of them.
+local allowed, reported, retry = n <= rules[1].L, nil, 0
+if not allowed then
+  reported, retry, stable = 1, -1, 0
+elseif n > 0 then
+  for i = 1, #rules do
+    local r = rules[i]
+    if r.count > 0 and r.count + n > r.L then allowed = false end
   end
-  if not over then return true end
-  local worst, retry, stable = nil, 0, cfg.stable
-  for i = 1, #cfg.rules do
-    local r = cfg.rules[i]
-    if r.count > 0 then
-      local after, change = window_times(cfg, st, i)
-      stable = math.min(stable, change)
-      if r.count + cfg.n > r.L and (not worst or after > retry) then worst, retry = i, after end
+  if not allowed then
+    for i = 1, #rules do
+      local r = rules[i]
+      if r.count > 0 then
+        local after, change = window_times(r)
+        stable = math.min(stable, change)
+        if r.count + n > r.L and (not reported or after > retry) then reported, retry = i, after end
+      end
+    end
+    -- Denied by another configuration's rule: this one's fewest is told.
+    if reported and reported > own then reported = 0 end
+    allowed = not reported
+  end
+end
+
+-- apply: a grant is n more in bucket b, which is now's (the tail's when
+-- the clock went back: fold). The meta is written again when what it holds
+-- changed: the tail, R, the densest writer, a trim, or a window no grant
+-- saw, which is read once here (its first bucket holding a permit, b when
+-- it held none before), so that the calls after it read no bucket. The
+-- TTL runs until the tail leaves the longest window of every
+-- configuration, and is set when the tail or that window moves.
+if allowed and n > 0 then
+  if old then redis.call('DEL', KEY) end
+  local window = rules[own].S * P
+  local changed = old or folded or T ~= b or window > R or Ld * Wn > Ln * Wd
+  local expire = old or T ~= b or window > R
+  if window > R then R = window end
+  if Ld * Wn > Ln * Wd then Ln, Wn = Ld, Wd end
+  -- Buckets that left the longest window of every configuration go, SCAN
+  -- at most, on a grant that opens a bucket and passes a multiple of SCAN
+  -- permits: it keeps up (at most SCAN new buckets per SCAN permits) and
+  -- spares most grants its read. base and C remember where they were;
+  -- counts never depend on it (a difference of cumulative counts).
+  if T ~= b and idiv(cum + n, SCAN) > idiv(cum, SCAN) then
+    local cutoff = idiv(now - R, G)
+    local trimmed = redis.call('ZRANGEBYSCORE', KEY, '0', string.format('(%d', cutoff), 'WITHSCORES', 'LIMIT', '0', SCAN)
+    if #trimmed > 0 then
+      redis.call('ZREMRANGEBYSCORE', KEY, '0', trimmed[#trimmed])
+      base, C = trimmed[#trimmed - 1] + 0, trimmed[#trimmed] + 1
     end
   end
-  if not worst then return true end
-  if worst > cfg.own then worst = nil end
-  return false, worst, retry, stable
-end
-
--- Buckets that left the longest window of every configuration go, SCAN at
--- most per call; base and C remember where they were. Counts never depend
--- on it: a window's count is a difference of cumulative counts either way.
--- It runs on a grant that opens a bucket and passes a multiple of SCAN
--- permits: it keeps up (at most SCAN new buckets per SCAN permits), and
--- spares most grants its read and the meta's rewrite (bench/: a grant in a
--- new bucket costs a third less).
-local function trim(cfg, st)
-  local cutoff = idiv(cfg.now - st.R, st.G)
-  local rows = redis.call('ZRANGEBYSCORE', KEY, '0', string.format('(%d', cutoff), 'WITHSCORES', 'LIMIT', '0', SCAN)
-  if #rows == 0 then return end
-  redis.call('ZREMRANGEBYSCORE', KEY, '0', rows[#rows])
-  st.base, st.C = rows[#rows - 1] + 0, rows[#rows] + 1
-end
-
--- A grant: n more in bucket b, which is now's (the tail's when the clock
--- went back: fold), the meta when it changed, and a TTL until the tail
--- leaves the longest window of every configuration.
-local function apply(cfg, st, b)
-  if st.old then redis.call('DEL', KEY) end
-  if st.tail == b then redis.call('ZREM', KEY, st.tail_member) end
-  if cfg.window > st.R then st.R = cfg.window end
-  if cfg.Ld * st.Wn > st.Ln * cfg.Wd then st.Ln, st.Wn = cfg.Ld, cfg.Wd end
-  -- Trimming reads and removes buckets below now's only.
-  if st.tail ~= b and idiv(st.cum + cfg.n, SCAN) > idiv(st.cum, SCAN) then trim(cfg, st) end
-  write(st, b, string.format('%d', st.cum + cfg.n))
-  -- This configuration's entry, and the others' that lapsed.
-  local till = leaves(cfg, st, b, cfg.own)
-  if SHARED and till ~= cfg.own_until then redis.call('ZADD', KEY, -till, cfg.sig) end
-  if SHARED and st.tail ~= b then redis.call('ZREMRANGEBYSCORE', KEY, -cfg.now, '(0') end
-  redis.call('PEXPIRE', KEY, ceil_div((b + 1) * st.G + st.R - cfg.now, 1000))
-  st.tail, st.cum = b, st.cum + cfg.n
-end
-
--- Remaining is the fewest permits left (reported: this configuration's
--- first strategy with the fewest, unless a denial names another);
--- ResetAfter the time the tail leaves the longest window.
-local function reply(cfg, st, allowed, reported, retry, stable)
-  local used = allowed and cfg.n or 0
-  local remaining, fewest, own_left, reset = nil, 1, nil, 0
-  for i = 1, #cfg.rules do
-    local r = cfg.rules[i]
-    local left = math.max(0, r.L - r.count - used)
-    if not remaining or left < remaining then remaining = left end
-    if i <= cfg.own and (not own_left or left < own_left) then own_left, fewest = left, i end
-    reset = math.max(reset, leaves(cfg, st, st.tail, i) - cfg.now)
+  for i = 1, #rules do
+    local r = rules[i]
+    if r.known and not r.memo then
+      if not r.next and T >= r.first then window_rows(r, 1) end
+      r.memo = {r.first, r.before, r.next or b, true}
+      memo[#memo + 1], changed = r.memo, true
+    end
   end
-  if allowed or cfg.folded then stable = 0 end
-  return string.format('%d %d %d %d %d %d', allowed and 1 or 0, remaining, allowed and 0 or retry,
-    reset, (reported or fewest) - 1, stable)
+  local member = string.format('%d', cum + n)
+  if changed then
+    write_meta(b, member)
+  else
+    redis.call('ZADD', KEY, b, member)
+  end
+  if T == b and tail_member then redis.call('ZREM', KEY, tail_member) end
+  -- This configuration's entry, and the others' that lapsed.
+  if shared then
+    local till = leaves(b, G, rules[own])
+    if till ~= own_until then redis.call('ZADD', KEY, -till, sig) end
+    if T ~= b then redis.call('ZREMRANGEBYSCORE', KEY, -now, '(0') end
+  end
+  if expire then redis.call('PEXPIRE', KEY, idiv((b + 1) * G + R - now + 999, 1000)) end
+  T, cum = b, cum + n
 end
 
-local cfg = read_args()
-local st, foreign = read_state(cfg)
-if not st then return redis.error_reply('NOTOURS holds ' .. foreign .. NOT_OURS) end
-local b = fold(cfg, st)
-other_rules(cfg, st)
-locate(cfg, st)
-local allowed, reported, retry, stable = decide(cfg, st)
-if allowed and cfg.n > 0 then apply(cfg, st, b) end
-return reply(cfg, st, allowed, reported, retry, stable)
+-- reply: Remaining is the fewest permits left (reported: this
+-- configuration's first strategy with the fewest, unless a denial names
+-- another); ResetAfter the time the tail leaves the longest window.
+local used = allowed and n or 0
+local remaining, fewest, own_left, reset = nil, 1, nil, 0
+for i = 1, #rules do
+  local r = rules[i]
+  local left = math.max(0, r.L - r.count - used)
+  if not remaining or left < remaining then remaining = left end
+  if i <= own and (not own_left or left < own_left) then own_left, fewest = left, i end
+  reset = math.max(reset, leaves(T, G, r) - now)
+end
+if allowed or folded then stable = 0 end
+if allowed then retry = 0 end
+if not reported or reported == 0 then reported = fewest end
+return string.format('%d %d %d %d %d %d', allowed and 1 or 0, remaining, retry, reset, reported - 1, stable)
