@@ -20,8 +20,11 @@
 --
 -- Reply: "allowed remaining retry reset 0 -1" (µs; retry -1 = never).
 
-local SHORT = '^([1-9]%d*)([1-4]' .. string.rep('%d', 15) .. ')3$'
-local LONG = '^([1-9]%d*) ([1-4]' .. string.rep('%d', 15) .. ') ([1-9]%d*) 3$'
+-- Literal patterns are built once, when the script loads. The short form's
+-- count is matched shortest first (%d-): its end's 16 digits are then found
+-- in a step or two, where %d* would back off digit by digit from the end.
+local SHORT = '^([1-9]%d-)([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)3$'
+local LONG = '^([1-9]%d*) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) ([1-9]%d*) 3$'
 
 local function not_ours(what)
   return redis.error_reply('NOTOURS holds ' .. what .. ', not redlimit state; it was left unchanged')
@@ -39,10 +42,11 @@ local function read_state(window)
   local value = redis.pcall('GET', KEYS[1])
   if not value then return 0, 0, window end
   if type(value) ~= 'string' then return nil, not_ours('another type than a fixed window') end
-  local count, window_end, len = string.match(value, LONG)
-  if not count then
-    count, window_end = string.match(value, SHORT)
+  local count, window_end, len = string.match(value, SHORT)
+  if count then
     len = window
+  else
+    count, window_end, len = string.match(value, LONG)
   end
   if not count then return nil, not_ours('a string that is not a fixed window') end
   return count + 0, window_end - len, len + 0
