@@ -36,7 +36,7 @@ end
 
 -- The rest is the decision, top to bottom, in commented steps: every
 -- function is a closure Redis builds on each call, and calls cost too, so
--- steps used once are not functions (that saves a tenth of the script).
+-- steps used once are not functions.
 
 -- The clock: the caller's, or the server's.
 local now, n = tonumber(ARGV[1]), ARGV[2] + 0
