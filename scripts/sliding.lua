@@ -118,30 +118,34 @@ for i = 1, own do
   if r.L * Wd > Ld * r.S * P then Ld, Wd = r.L, r.S * P end
 end
 
--- read_state: the meta, the tail and the remembered windows (memo, a list
--- of {f, cb, ni}: a table indexed by bucket numbers would make miniredis's
--- Lua fill it up to the index), or an empty key's state on this
--- configuration's grid (no tail: T = -1). A state in the previous released
--- format (format 6, or a hash with "W4" or "L4" in field m) reads as
--- empty, and the first grant replaces it.
-local meta, G, R, Ln, Wn, base, C, T = nil, P, 0, 0, 1, 0, 0, -1
+-- read_state: the meta, the note (tail and remembered windows: memo, a
+-- list of {f, cb, ni, used}: a table indexed by bucket numbers would make
+-- miniredis's Lua fill it up to the index) and the tail's member, or an
+-- empty key's state on this configuration's grid (no tail: T = -1). A
+-- state in the previous released format (format 6, or a hash with "W4" or
+-- "L4" in field m) reads as empty, and the first grant replaces it.
+local meta, note, G, R, Ln, Wn, base, C, T = nil, nil, P, 0, 0, 1, 0, 0, -1
 local tail_member, cum, memo, entries, old = nil, 0, {}, {}, false
-local rows = redis.pcall('ZRANGE', KEY, '-2', '-1')
+local rows = redis.pcall('ZRANGE', KEY, '-3', '-1')
 local foreign
 if rows.err then
   local m = redis.pcall('HGET', KEY, 'm')
   old = type(m) == 'string' and string.find(m, '^' .. string.upper(KIND) .. '4 ') ~= nil
   if not old then foreign = 'another type than sliding state' end
 elseif #rows > 0 then
-  local kind, format, g, r, ln, wn, b, c, t, remembered =
-    string.match(rows[#rows], '^(%a)(%d) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)(.*)$')
+  local t, remembered = string.match(rows[#rows], '^~(%d+)(.*)$')
+  local kind, format, g, r, ln, wn, b, c
+  if t and #rows > 1 then
+    kind, format, g, r, ln, wn, b, c = string.match(rows[#rows - 1], '^(%a)(%d) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  end
   if kind == KIND and format == '7' then
-    meta, G, R, Ln, Wn, base, C, T = rows[#rows], g + 0, r + 0, ln + 0, wn + 0, b + 0, c + 0, t + 0
-    for f, cb, ni in string.gmatch(remembered, ' (%d+) (%d+) (%d+)') do
-      memo[#memo + 1] = {f + 0, cb + 0, ni + 0, false}
+    meta, note, G, R, Ln, Wn, base, C, T = rows[#rows - 1], rows[#rows], g + 0, r + 0, ln + 0, wn + 0, b + 0, c + 0, t + 0
+    for d, cb, e in string.gmatch(remembered, ' (%d+) (%d+) (%d+)') do
+      local f = T - d
+      memo[#memo + 1] = {f, cb + 0, f + e, false}
     end
     cum = base
-    if #rows == 2 and string.find(rows[1], '^%d+$') then tail_member, cum = rows[1], rows[1] + 0 end
+    if #rows == 3 and string.find(rows[1], '^%d+$') then tail_member, cum = rows[1], rows[1] + 0 end
     if shared then entries = redis.call('ZRANGEBYSCORE', KEY, '-inf', '(0', 'WITHSCORES') end
   elseif string.find(rows[#rows], '^' .. KIND .. '6 ') then
     old = true
@@ -151,19 +155,31 @@ elseif #rows > 0 then
 end
 if foreign then return redis.error_reply('NOTOURS holds ' .. foreign .. ', not redlimit state; it was left unchanged') end
 
--- Bucket b's member and the meta: the tail b and the windows remembered
--- that this call used. The old meta goes after: a set left empty even for
--- a moment is a deleted key, and the new one would carry no TTL.
-local function write_meta(b, member)
-  local text = {string.format('%s7 %d %d %d %d %d %d %d', KIND, G, R, Ln, Wn, base, C, b)}
+-- Bucket b's member and the note: the tail b and the windows remembered
+-- that this call used, each as T - f, cb, ni - f (short, so that every
+-- member stays within Redis's compact listpack); and the meta too when
+-- static (its numbers changed). The old ones, and old_tail, go after: a set
+-- left empty even for a moment is a deleted key, and the new one would
+-- carry no TTL.
+local function write(b, member, static, old_tail)
+  local text = {string.format('~%d', b)}
   for i = 1, #memo do
     local m = memo[i]
-    if m[4] then text[#text + 1] = string.format(' %d %d %d', m[1], m[2], m[3]) end
+    if m[4] then text[#text + 1] = string.format(' %d %d %d', b - m[1], m[2], m[3] - m[1]) end
   end
-  local new = table.concat(text)
-  redis.call('ZADD', KEY, b, member, '+inf', new)
-  if meta and meta ~= new then redis.call('ZREM', KEY, meta) end
-  meta = new
+  local new_note, new_meta = table.concat(text), meta
+  if static then
+    new_meta = string.format('%s7 %d %d %d %d %d %d', KIND, G, R, Ln, Wn, base, C)
+    redis.call('ZADD', KEY, b, member, '+inf', new_note, '+inf', new_meta)
+  else
+    redis.call('ZADD', KEY, b, member, '+inf', new_note)
+  end
+  local gone = {}
+  if old_tail then gone[#gone + 1] = old_tail end
+  if note and note ~= new_note then gone[#gone + 1] = note end
+  if meta and meta ~= new_meta then gone[#gone + 1] = meta end
+  if #gone > 0 then redis.call('ZREM', KEY, unpack(gone)) end
+  meta, note = new_meta, new_note
 end
 
 -- fold: when the clock went back behind the tail, the buckets from now's on
@@ -190,7 +206,7 @@ if T > b then
   if type(redis.pcall('ZREMRANGEBYSCORE', KEY, b, LAST)) == 'number' then
     redis.call('ZREMRANGEBYSCORE', KEY, '0', string.format('(%d', from))
     tail_member = string.format('%d', cum)
-    write_meta(b, tail_member)
+    write(b, tail_member, true, false)
   end
 end
 
@@ -305,16 +321,18 @@ elseif n > 0 then
 end
 
 -- apply: a grant is n more in bucket b, which is now's (the tail's when
--- the clock went back: fold). The meta is written again when what it holds
--- changed: the tail, R, the densest writer, a trim, or a window no grant
--- saw, which is read once here (its first bucket holding a permit, b when
--- it held none before), so that the calls after it read no bucket. The
+-- the clock went back: fold). The note is written again when the tail
+-- moves or a window no grant saw is remembered (its first bucket holding
+-- a permit is read once here, b when it held none before, so that the
+-- calls after it read no bucket); the meta when R, the densest writer or a
+-- trim changed it. The
 -- TTL runs until the tail leaves the longest window of every
 -- configuration, and is set when the tail or that window moves.
 if allowed and n > 0 then
   if old then redis.call('DEL', KEY) end
   local window = rules[own].S * P
-  local changed = old or folded or T ~= b or window > R or Ld * Wn > Ln * Wd
+  local static = old or folded or not meta or window > R or Ld * Wn > Ln * Wd
+  local changed = static or T ~= b
   local expire = old or T ~= b or window > R
   if window > R then R = window end
   if Ld * Wn > Ln * Wd then Ln, Wn = Ld, Wd end
@@ -328,7 +346,7 @@ if allowed and n > 0 then
     local trimmed = redis.call('ZRANGEBYSCORE', KEY, '0', string.format('(%d', cutoff), 'WITHSCORES', 'LIMIT', '0', SCAN)
     if #trimmed > 0 then
       redis.call('ZREMRANGEBYSCORE', KEY, '0', trimmed[#trimmed])
-      base, C = trimmed[#trimmed - 1] + 0, trimmed[#trimmed] + 1
+      base, C, static, changed = trimmed[#trimmed - 1] + 0, trimmed[#trimmed] + 1, true, true
     end
   end
   for i = 1, #rules do
@@ -340,12 +358,13 @@ if allowed and n > 0 then
     end
   end
   local member = string.format('%d', cum + n)
+  local old_tail = T == b and tail_member
   if changed then
-    write_meta(b, member)
+    write(b, member, static, old_tail)
   else
     redis.call('ZADD', KEY, b, member)
+    if old_tail then redis.call('ZREM', KEY, old_tail) end
   end
-  if T == b and tail_member then redis.call('ZREM', KEY, tail_member) end
   -- This configuration's entry, and the others' that lapsed.
   if shared then
     local till = leaves(b, G, rules[own])
