@@ -22,22 +22,25 @@
 -- the key's grid G: score the bucket's index (floor(µs / G)), member the
 -- decimal count of every permit granted on the key up to and including that
 -- bucket (cumulative, so members are unique and the count in any span of
--- buckets is one subtraction). And one meta member, score +inf:
---   "<kind>7 G R Ln Wn base C T" then " f cb ni" per remembered window
+-- buckets is one subtraction). Two members score +inf: the meta
+--   "<kind>7 G R Ln Wn base C"
 -- G the grid (µs, the first writer's precision); R the longest window (µs)
 -- of any configuration that granted; Ln per Wn µs the densest strategy of
 -- any configuration that granted; base the cumulative count of the last
--- bucket trimmed away; C the first bucket index still fully known; T the
--- tail (the last bucket granted in). Each " f cb ni" remembers, for a
--- window starting at bucket f, the count of every permit granted before f
--- (cb) and the first bucket from f on that holds a permit (ni): facts about
--- buckets before the tail, which no later grant changes, so a call whose
--- windows start where a grant's did reads no bucket. And one member per
--- configuration that granted, score -until, text "P L_1 S_1 L_2 S_2 ...":
--- its strategies bind every call until its last grant leaves its longest
--- window (until, Unix µs). Configurations sharing a key (WithPrefix) all
--- read it by the same rule; a default key, which only one configuration
--- ever reads, keeps no such member.
+-- bucket trimmed away; C the first bucket index still fully known. And the
+-- note, which sorts after it:
+--   "~T" then " T-f cb ni-f" per remembered window
+-- T the tail (the last bucket granted in). A remembered window starting at
+-- bucket f holds the count of every permit granted before f (cb) and the
+-- first bucket from f on that holds a permit (ni): facts about buckets
+-- before the tail, which no later grant changes, so a call whose windows
+-- start where a grant's did reads no bucket. Kept apart and relative to T,
+-- every member stays within the 64 bytes of Redis's compact listpack. And
+-- one member per configuration that granted, score -until, text "P L_1 S_1
+-- L_2 S_2 ...": its strategies bind every call until its last grant leaves
+-- its longest window (until, Unix µs). Configurations sharing a key
+-- (WithPrefix) all read it by the same rule; a default key, which only one
+-- configuration ever reads, keeps no such member.
 --
 -- The reply is six integers: allowed (0/1), remaining, retry-after µs (-1:
 -- never), reset-after µs, the index of the strategy reported, and stable µs:
@@ -46,7 +49,7 @@
 --
 -- How it reads: the steps of a decision are the sections below, in order,
 -- each headed by its name: read_args, read_state, fold, other_rules,
--- locate, decide, apply, reply. They share the chunk's locals. Redis makes
+-- locate, decide, apply, write, reply. They share the chunk's locals. Redis makes
 -- every function and table of a script anew on every call, and each costs
 -- it about what a Redis command does: the steps are not functions, and the
 -- few functions take what they need as arguments where they can.
@@ -58,7 +61,7 @@
 -- is known exactly, and the remembered window it used (false if none).
 
 local KEY, KIND = KEYS[1], ARGV[3]
--- Above every bucket index (they stay below 2^52 / 1000) and below the meta.
+-- Above every bucket index (they stay below 2^52 / 1000), below the meta.
 local LAST = '9007199254740992'
 -- Most buckets one call reads to find a RetryAfter, or trims.
 local SCAN = 8
@@ -155,42 +158,16 @@ elseif #rows > 0 then
 end
 if foreign then return redis.error_reply('NOTOURS holds ' .. foreign .. ', not redlimit state; it was left unchanged') end
 
--- Bucket b's member and the note: the tail b and the windows remembered
--- that this call used, each as T - f, cb, ni - f (short, so that every
--- member stays within Redis's compact listpack); and the meta too when
--- static (its numbers changed). The old ones, and old_tail, go after: a set
--- left empty even for a moment is a deleted key, and the new one would
--- carry no TTL.
-local function write(b, member, static, old_tail)
-  local text = {string.format('~%d', b)}
-  for i = 1, #memo do
-    local m = memo[i]
-    if m[4] then text[#text + 1] = string.format(' %d %d %d', b - m[1], m[2], m[3] - m[1]) end
-  end
-  local new_note, new_meta = table.concat(text), meta
-  if static then
-    new_meta = string.format('%s7 %d %d %d %d %d %d', KIND, G, R, Ln, Wn, base, C)
-    redis.call('ZADD', KEY, b, member, '+inf', new_note, '+inf', new_meta)
-  else
-    redis.call('ZADD', KEY, b, member, '+inf', new_note)
-  end
-  local gone = {}
-  if old_tail then gone[#gone + 1] = old_tail end
-  if note and note ~= new_note then gone[#gone + 1] = note end
-  if meta and meta ~= new_meta then gone[#gone + 1] = meta end
-  if #gone > 0 then redis.call('ZREM', KEY, unpack(gone)) end
-  meta, note = new_meta, new_note
-end
-
 -- fold: when the clock went back behind the tail, the buckets from now's on
 -- are moved into now's, as if granted now, and those before the longest
 -- window ending at the tail are trimmed, so that no key stays locked for
 -- longer than its windows from now. What was remembered of the buckets
 -- moved is no longer true, and goes. The only write a denial or n == 0
--- ever makes; when Redis refuses it, the decision is the same. Its work
--- grows with the buckets moved: a clock, not a caller, decides when it
--- runs.
-local b, folded = idiv(now, G), false
+-- ever makes (write, below); when Redis refuses it, the decision is the
+-- same. Its work grows with the buckets moved: a clock, not a caller,
+-- decides when it runs. What write then changes: the tail's member and
+-- the note, and the meta when static.
+local b, folded, member, note_changed, static = idiv(now, G), false, nil, false, false
 if T > b then
   local from = idiv((T + 1) * G - R, G)
   local row = redis.call('ZREVRANGEBYSCORE', KEY, string.format('(%d', from), '0', 'LIMIT', '0', '1')
@@ -205,8 +182,9 @@ if T > b then
   -- the rest even at maxmemory.
   if type(redis.pcall('ZREMRANGEBYSCORE', KEY, b, LAST)) == 'number' then
     redis.call('ZREMRANGEBYSCORE', KEY, '0', string.format('(%d', from))
-    tail_member = string.format('%d', cum)
-    write(b, tail_member, true, false)
+    member, note_changed, static = string.format('%d', cum), true, true
+    redis.call('ZADD', KEY, b, member)
+    tail_member = member
   end
 end
 
@@ -321,19 +299,19 @@ elseif n > 0 then
 end
 
 -- apply: a grant is n more in bucket b, which is now's (the tail's when
--- the clock went back: fold). The note is written again when the tail
--- moves or a window no grant saw is remembered (its first bucket holding
--- a permit is read once here, b when it held none before, so that the
--- calls after it read no bucket); the meta when R, the densest writer or a
--- trim changed it. The
--- TTL runs until the tail leaves the longest window of every
--- configuration, and is set when the tail or that window moves.
-if allowed and n > 0 then
+-- the clock went back: fold). The note changes when the tail moves or a
+-- window no grant saw is remembered (its first bucket holding a permit is
+-- read once here, b when it held none before, so that the calls after it
+-- read no bucket); the meta (static) when R, the densest writer or a trim
+-- changed it. The TTL runs until the tail leaves the longest window of
+-- every configuration, and is set when the tail or that window moves.
+local granted, expire = allowed and n > 0, false
+if granted then
   if old then redis.call('DEL', KEY) end
   local window = rules[own].S * P
-  local static = old or folded or not meta or window > R or Ld * Wn > Ln * Wd
-  local changed = static or T ~= b
-  local expire = old or T ~= b or window > R
+  static = static or old or not meta or window > R or Ld * Wn > Ln * Wd
+  note_changed = note_changed or static or T ~= b
+  expire = old or T ~= b or window > R
   if window > R then R = window end
   if Ld * Wn > Ln * Wd then Ln, Wn = Ld, Wd end
   -- Buckets that left the longest window of every configuration go, SCAN
@@ -346,7 +324,7 @@ if allowed and n > 0 then
     local trimmed = redis.call('ZRANGEBYSCORE', KEY, '0', string.format('(%d', cutoff), 'WITHSCORES', 'LIMIT', '0', SCAN)
     if #trimmed > 0 then
       redis.call('ZREMRANGEBYSCORE', KEY, '0', trimmed[#trimmed])
-      base, C, static, changed = trimmed[#trimmed - 1] + 0, trimmed[#trimmed] + 1, true, true
+      base, C, static, note_changed = trimmed[#trimmed - 1] + 0, trimmed[#trimmed] + 1, true, true
     end
   end
   for i = 1, #rules do
@@ -354,17 +332,41 @@ if allowed and n > 0 then
     if r.known and not r.memo then
       if not r.next and T >= r.first then window_rows(r, 1) end
       r.memo = {r.first, r.before, r.next or b, true}
-      memo[#memo + 1], changed = r.memo, true
+      memo[#memo + 1], note_changed = r.memo, true
     end
   end
-  local member = string.format('%d', cum + n)
-  local old_tail = T == b and tail_member
-  if changed then
-    write(b, member, static, old_tail)
+  member = string.format('%d', cum + n)
+end
+
+-- write: bucket b's member, the note when it changed (the tail b and the
+-- windows remembered that this call used, each as T - f, cb, ni - f:
+-- short, so that every member stays within Redis's compact listpack) and
+-- the meta when static. The old members go after: a set left empty even
+-- for a moment is a deleted key, and the new one would carry no TTL.
+if member then
+  local gone = {}
+  if T == b and tail_member and tail_member ~= member then gone[1] = tail_member end
+  if note_changed then
+    local text = {string.format('~%d', b)}
+    for i = 1, #memo do
+      local m = memo[i]
+      if m[4] then text[#text + 1] = string.format(' %d %d %d', b - m[1], m[2], m[3] - m[1]) end
+    end
+    local new_note, new_meta = table.concat(text), meta
+    if static then
+      new_meta = string.format('%s7 %d %d %d %d %d %d', KIND, G, R, Ln, Wn, base, C)
+      redis.call('ZADD', KEY, b, member, '+inf', new_note, '+inf', new_meta)
+    else
+      redis.call('ZADD', KEY, b, member, '+inf', new_note)
+    end
+    if note and note ~= new_note then gone[#gone + 1] = note end
+    if meta and meta ~= new_meta then gone[#gone + 1] = meta end
   else
     redis.call('ZADD', KEY, b, member)
-    if old_tail then redis.call('ZREM', KEY, old_tail) end
   end
+  if #gone > 0 then redis.call('ZREM', KEY, unpack(gone)) end
+end
+if granted then
   -- This configuration's entry, and the others' that lapsed.
   if shared then
     local till = leaves(b, G, rules[own])
