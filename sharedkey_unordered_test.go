@@ -3,6 +3,7 @@ package redlimit
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -295,22 +296,23 @@ func TestSharedKeySlidingAnyPair(t *testing.T) {
 	})
 }
 
-// A sliding key in the previous released format (a hash whose field m
-// holds "W4 ..." or "L4 ...") is ours but no longer read: it counts as
-// empty, and the first grant replaces it with the sorted set. A hash of
-// the other kind, or without that field, stays foreign.
+// A sliding key in a previous released format (a hash whose field m holds
+// "W4 ..." or "L4 ...", or a sorted set whose meta is "w6 ..." or "l6 ...")
+// is ours but no longer read: it counts as empty, and the first grant
+// replaces it with the current state. A hash of the other kind, or without
+// that field, and a sorted set with another last member, stay foreign.
 func TestSlidingReplacesPreviousFormat(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	for _, tc := range []struct {
-		name, meta string
-		make       func(rdb redis.Scripter, opts ...Option) (Limiter, error)
+		name, meta, sorted string
+		make               func(rdb redis.Scripter, opts ...Option) (Limiter, error)
 	}{
-		{"sliding_window", "W4 1000000 1 0 10 3 0",
+		{"sliding_window", "W4 1000000 1 0 10 3 0", "w6 1000000 10000000 3 10000000 0 0",
 			func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
 				return NewSlidingWindow(rdb, 3, 10*time.Second, time.Second, opts...)
 			}},
-		{"sliding_log", "L4 1000000 2 0 2 3 0 0 10 5 0",
+		{"sliding_log", "L4 1000000 2 0 2 3 0 0 10 5 0", "l6 1000000 10000000 3 2000000 0 0",
 			func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
 				return NewSlidingLog(rdb, time.Second, []Strategy{{Limit: 3, Window: 2 * time.Second}, {Limit: 5, Window: 10 * time.Second}}, opts...)
 			}},
@@ -339,6 +341,24 @@ func TestSlidingReplacesPreviousFormat(t *testing.T) {
 				other := "fmt4:other"
 				require.NoError(t, be.rdb.HSet(ctx, other, "m", "X4 1000000", "visits", "3").Err())
 				_, err = l.Allow(ctx, "other")
+				require.ErrorIs(t, err, ErrForeignState)
+
+				six := "fmt4:six"
+				require.NoError(t, be.rdb.ZAdd(ctx, six, redis.Z{Score: 1800000000, Member: "3"},
+					redis.Z{Score: math.Inf(1), Member: tc.sorted}).Err())
+				require.NoError(t, be.rdb.PExpire(ctx, six, time.Hour).Err())
+				r, err = l.AllowN(ctx, "six", 0)
+				require.NoError(t, err, "a sorted set in format 6 is ours")
+				require.Equal(t, 3, r.Remaining, "and reads as empty: %+v", r)
+				require.Equal(t, tc.sorted, be.rdb.ZRange(ctx, six, -1, -1).Val()[0], "n == 0 writes nothing")
+				r, err = l.Allow(ctx, "six")
+				require.NoError(t, err)
+				require.Equal(t, 2, r.Remaining, "a grant replaces it: %+v", r)
+				require.NotContains(t, be.rdb.ZRange(ctx, six, 0, -1).Val(), tc.sorted)
+
+				require.NoError(t, be.rdb.ZAdd(ctx, "fmt4:set", redis.Z{Score: 1, Member: "a"},
+					redis.Z{Score: math.Inf(1), Member: tc.sorted + " x"}).Err())
+				_, err = l.Allow(ctx, "set")
 				require.ErrorIs(t, err, ErrForeignState)
 			})
 		})

@@ -34,7 +34,7 @@
 -- bucket f holds the count of every permit granted before f (cb) and the
 -- first bucket from f on that holds a permit (ni): facts about buckets
 -- before the tail, which no later grant changes, so a call whose windows
--- start where a grant's did reads no bucket. Kept apart and relative to T,
+-- start from f to ni reads no bucket. Kept apart and relative to T,
 -- every member stays within the 64 bytes of Redis's compact listpack. And
 -- one member per configuration that granted, score -until, text "P L_1 S_1
 -- L_2 S_2 ...": its strategies bind every call until its last grant leaves
@@ -150,7 +150,7 @@ elseif #rows > 0 then
     cum = base
     if #rows == 3 and string.find(rows[1], '^%d+$') then tail_member, cum = rows[1], rows[1] + 0 end
     if shared then entries = redis.call('ZRANGEBYSCORE', KEY, '-inf', '(0', 'WITHSCORES') end
-  elseif string.find(rows[#rows], '^' .. KIND .. '6 ') then
+  elseif string.find(rows[#rows], '^' .. KIND .. '6 %d+ %d+ %d+ %d+ %d+ %d+$') then
     old = true
   else
     foreign = 'a sorted set that is not sliding state'
@@ -208,8 +208,11 @@ end
 -- locate: each rule's window [ws, now] counts the state buckets from the
 -- one holding ws, first (whole: conservative when the grids differ): count
 -- = the tail's cumulative count minus before, the count before first.
--- before and next are remembered for a window a grant saw, else before is
--- read. Buckets trimmed away leave base; a window reaching before them (a
+-- before and next are remembered, else before is read: a window a grant
+-- saw starting at f, whose first bucket holding a permit is ni, tells them
+-- for every window starting from f to ni, as no bucket in between holds a
+-- permit (so denials while buckets with no permits leave the window read
+-- none). Buckets trimmed away leave base; a window reaching before them (a
 -- configuration whose window is longer than any that granted before)
 -- counts their grants as used, up to what the densest writer could have
 -- granted there.
@@ -218,7 +221,7 @@ for i = 1, #rules do
   local ws = (idiv(now, r.P) - r.S + 1) * r.P
   local first, before = idiv(ws, G), cum
   for j = 1, #memo do
-    if memo[j][1] == first then r.memo = memo[j] end
+    if memo[j][1] <= first and first <= memo[j][3] then r.memo = memo[j] end
   end
   if r.memo then r.memo[4] = true end
   if T < first then
@@ -241,7 +244,7 @@ end
 -- cumulative counts and indexes in turn. The first is r.next.
 local function window_rows(r, need)
   local rows = redis.call('ZRANGEBYSCORE', KEY, r.first, LAST, 'WITHSCORES', 'LIMIT', '0', need)
-  r.next = r.next or rows[2] + 0
+  if not r.next and rows[2] then r.next = rows[2] + 0 end
   return rows
 end
 
@@ -263,7 +266,7 @@ local function window_times(r)
   -- Each bucket holds a permit at least, so the one reaching target is
   -- among the window's first count + n - L.
   local rows = window_rows(r, math.max(1, math.min(SCAN, r.count + n - r.L)))
-  change = leaves(r.next, G, r) - now
+  if r.next then change = leaves(r.next, G, r) - now end
   for j = 1, #rows, 2 do
     if rows[j] + 0 >= target then return leaves(rows[j + 1] + 0, G, r) - now, change end
   end
