@@ -148,7 +148,10 @@ elseif #rows > 0 then
       memo[#memo + 1] = {f, cb + 0, f + e, false}
     end
     cum = base
-    if #rows == 3 and string.find(rows[1], '^%d+$') then tail_member, cum = rows[1], rows[1] + 0 end
+    -- The tail's member; under WithPrefix a configuration's, when no
+    -- bucket is left, which is no number.
+    local tail = #rows == 3 and tonumber(rows[1])
+    if tail then tail_member, cum = rows[1], tail end
     if shared then entries = redis.call('ZRANGEBYSCORE', KEY, '-inf', '(0', 'WITHSCORES') end
   elseif string.find(rows[#rows], '^' .. KIND .. '6 %d+ %d+ %d+ %d+ %d+ %d+$') then
     old = true
@@ -248,36 +251,17 @@ local function window_rows(r, need)
   return rows
 end
 
--- When rule r's count first drops, and when it has dropped to L - n (the
--- RetryAfter of n): when the first bucket in its window leaves it, and the
--- first whose cumulative count reaches cum + n - L. When that bucket is not
--- among the window's first SCAN, or the count is partly unknown (then it
--- drops at each of this configuration's buckets), the RetryAfter is the
--- time the tail leaves: longer than the truth, never shorter.
-local function window_times(r)
-  local retry, change = leaves(T, G, r) - now, r.P - now % r.P
-  if not r.known then return retry, change end
-  local target = cum + n - r.L
-  -- The first bucket holds a permit at least: it reaches before + 1.
-  if r.next and target <= r.before + 1 then
-    change = leaves(r.next, G, r) - now
-    return change, change
-  end
-  -- Each bucket holds a permit at least, so the one reaching target is
-  -- among the window's first count + n - L.
-  local rows = window_rows(r, math.max(1, math.min(SCAN, r.count + n - r.L)))
-  if r.next then change = leaves(r.next, G, r) - now end
-  for j = 1, #rows, 2 do
-    if rows[j] + 0 >= target then return leaves(rows[j + 1] + 0, G, r) - now, change end
-  end
-  return retry, change
-end
-
 -- decide: allowed, and when denied the rule reported (the longest
 -- RetryAfter, the first of equals; none when another configuration's
 -- denies longest), its RetryAfter (-1: never) and how long the denial
 -- stays as it is: until the first count drops. The times are read for
--- denials only: a grant needs none of them.
+-- denials only: a grant needs none of them. A rule's count first drops
+-- when the first bucket in its window leaves it (change), and drops to
+-- L - n (after: the RetryAfter of n) when the first bucket whose
+-- cumulative count reaches cum + n - L does. When that bucket is not among
+-- the window's first SCAN, or the count is partly unknown (then it drops
+-- at each of this configuration's buckets), the RetryAfter is the time the
+-- tail leaves: longer than the truth, never shorter.
 local allowed, reported, retry = n <= rules[1].L, nil, 0
 if not allowed then
   reported, retry, stable = 1, -1, 0
@@ -290,8 +274,22 @@ elseif n > 0 then
     for i = 1, #rules do
       local r = rules[i]
       if r.count > 0 then
-        local after, change = window_times(r)
-        stable = math.min(stable, change)
+        local after, change = leaves(T, G, r) - now, r.P - now % r.P
+        local target = cum + n - r.L
+        if r.known and r.next and target <= r.before + 1 then
+          -- The first bucket holds a permit at least: it reaches before + 1.
+          after = leaves(r.next, G, r) - now
+          change = after
+        elseif r.known then
+          -- Each bucket holds a permit at least, so the one reaching
+          -- target is among the window's first count + n - L.
+          local rows = window_rows(r, math.max(1, math.min(SCAN, r.count + n - r.L)))
+          if r.next then change = leaves(r.next, G, r) - now end
+          for j = #rows - 1, 1, -2 do
+            if rows[j] + 0 >= target then after = leaves(rows[j + 1] + 0, G, r) - now end
+          end
+        end
+        if change < stable then stable = change end
         if r.count + n > r.L and (not reported or after > retry) then reported, retry = i, after end
       end
     end
