@@ -22,25 +22,26 @@
 -- the key's grid G: score the bucket's index (floor(µs / G)), member the
 -- decimal count of every permit granted on the key up to and including that
 -- bucket (cumulative, so members are unique and the count in any span of
--- buckets is one subtraction). Two members score +inf: the meta
---   "<kind>7 G R Ln Wn base C"
+-- buckets is one subtraction). And the note, score +inf:
+--   "<kind>~T base C" then " T-f cb ni-f" per remembered window
+-- T the tail (the last bucket granted in); base the cumulative count of the
+-- last bucket trimmed away; C the first bucket index still fully known. A
+-- remembered window starting at bucket f holds the count of every permit
+-- granted before f (cb) and the first bucket from f on that holds a permit
+-- (ni): facts about buckets before the tail, which no later grant changes,
+-- so a call whose windows start from f to ni reads no bucket. Under
+-- WithPrefix, also the meta, score +inf, which sorts before the note:
+--   "<kind>7 G R Ln Wn"
 -- G the grid (µs, the first writer's precision); R the longest window (µs)
 -- of any configuration that granted; Ln per Wn µs the densest strategy of
--- any configuration that granted; base the cumulative count of the last
--- bucket trimmed away; C the first bucket index still fully known. And the
--- note, which sorts after it:
---   "~T" then " T-f cb ni-f" per remembered window
--- T the tail (the last bucket granted in). A remembered window starting at
--- bucket f holds the count of every permit granted before f (cb) and the
--- first bucket from f on that holds a permit (ni): facts about buckets
--- before the tail, which no later grant changes, so a call whose windows
--- start from f to ni reads no bucket. Kept apart and relative to T,
--- every member stays within the 64 bytes of Redis's compact listpack. And
--- one member per configuration that granted, score -until, text "P L_1 S_1
--- L_2 S_2 ...": its strategies bind every call until its last grant leaves
--- its longest window (until, Unix µs). Configurations sharing a key
--- (WithPrefix) all read it by the same rule; a default key, which only one
--- configuration ever reads, keeps no such member.
+-- any configuration that granted. A default key, which only one
+-- configuration ever reads, keeps no meta: its grid, windows and densest
+-- strategy are its configuration's. Short, and relative to T, every member
+-- stays within the 64 bytes of Redis's compact listpack. And under
+-- WithPrefix one member per configuration that granted, score -until,
+-- text "P L_1 S_1 L_2 S_2 ...": its strategies bind every call until its
+-- last grant leaves its longest window (until, Unix µs). Configurations
+-- sharing a key all read it by the same rule.
 --
 -- The reply is six integers: allowed (0/1), remaining, retry-after µs (-1:
 -- never), reset-after µs, the index of the strategy reported, and stable µs:
@@ -121,13 +122,14 @@ for i = 1, own do
   if r.L * Wd > Ld * r.S * P then Ld, Wd = r.L, r.S * P end
 end
 
--- read_state: the meta, the note (tail and remembered windows: memo, a
--- list of {f, cb, ni, used}: a table indexed by bucket numbers would make
--- miniredis's Lua fill it up to the index) and the tail's member, or an
--- empty key's state on this configuration's grid (no tail: T = -1). A
--- state in the previous released format (format 6, or a hash with "W4" or
--- "L4" in field m) reads as empty, and the first grant replaces it.
-local meta, note, G, R, Ln, Wn, base, C, T = nil, nil, P, 0, 0, 1, 0, 0, -1
+-- read_state: the note (tail, trim and remembered windows: memo, a list
+-- of {f, cb, ni, used}: a table indexed by bucket numbers would make
+-- miniredis's Lua fill it up to the index), the meta (else this
+-- configuration's grid, window and densest strategy) and the tail's
+-- member, or an empty key's state (no tail: T = -1). A state in the
+-- previous released format (format 6, or a hash with "W4" or "L4" in
+-- field m) reads as empty, and the first grant replaces it.
+local meta, note, G, R, Ln, Wn, base, C, T = nil, nil, P, rules[own].S * P, Ld, Wd, 0, 0, -1
 local tail_member, cum, memo, entries, old = nil, 0, {}, {}, false
 local rows = redis.pcall('ZRANGE', KEY, '-3', '-1')
 local foreign
@@ -136,22 +138,21 @@ if rows.err then
   old = type(m) == 'string' and string.find(m, '^' .. string.upper(KIND) .. '4 ') ~= nil
   if not old then foreign = 'another type than sliding state' end
 elseif #rows > 0 then
-  local t, remembered = string.match(rows[#rows], '^~(%d+)(.*)$')
-  local kind, format, g, r, ln, wn, b, c
-  if t and #rows > 1 then
-    kind, format, g, r, ln, wn, b, c = string.match(rows[#rows - 1], '^(%a)(%d) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
-  end
-  if kind == KIND and format == '7' then
-    meta, note, G, R, Ln, Wn, base, C, T = rows[#rows - 1], rows[#rows], g + 0, r + 0, ln + 0, wn + 0, b + 0, c + 0, t + 0
+  local kind, t, b, c, remembered = string.match(rows[#rows], '^(%a)~(%d+) (%d+) (%d+)(.*)$')
+  if kind == KIND then
+    note, T, base, C = rows[#rows], t + 0, b + 0, c + 0
     for d, cb, e in string.gmatch(remembered, ' (%d+) (%d+) (%d+)') do
       local f = T - d
       memo[#memo + 1] = {f, cb + 0, f + e, false}
     end
-    cum = base
+    local i = #rows - 1
+    local g, r, ln, wn = string.match(rows[i] or '', '^' .. KIND .. '7 (%d+) (%d+) (%d+) (%d+)$')
+    if g then meta, G, R, Ln, Wn, i = rows[i], g + 0, r + 0, ln + 0, wn + 0, i - 1 end
     -- The tail's member; under WithPrefix a configuration's, when no
     -- bucket is left, which is no number.
-    local tail = #rows == 3 and tonumber(rows[1])
-    if tail then tail_member, cum = rows[1], tail end
+    local tail = i > 0 and tonumber(rows[i])
+    cum = base
+    if tail then tail_member, cum = rows[i], tail end
     if shared then entries = redis.call('ZRANGEBYSCORE', KEY, '-inf', '(0', 'WITHSCORES') end
   elseif string.find(rows[#rows], '^' .. KIND .. '6 %d+ %d+ %d+ %d+ %d+ %d+$') then
     old = true
@@ -169,7 +170,7 @@ if foreign then return redis.error_reply('NOTOURS holds ' .. foreign .. ', not r
 -- ever makes (write, below); when Redis refuses it, the decision is the
 -- same. Its work grows with the buckets moved: a clock, not a caller,
 -- decides when it runs. What write then changes: the tail's member and
--- the note, and the meta when static.
+-- the note, and under WithPrefix the meta when static.
 local b, folded, member, note_changed, static = idiv(now, G), false, nil, false, false
 if T > b then
   local from = idiv((T + 1) * G - R, G)
@@ -185,7 +186,7 @@ if T > b then
   -- the rest even at maxmemory.
   if type(redis.pcall('ZREMRANGEBYSCORE', KEY, b, LAST)) == 'number' then
     redis.call('ZREMRANGEBYSCORE', KEY, '0', string.format('(%d', from))
-    member, note_changed, static = string.format('%d', cum), true, true
+    member, note_changed = string.format('%d', cum), true
     redis.call('ZADD', KEY, b, member)
     tail_member = member
   end
@@ -303,15 +304,16 @@ end
 -- the clock went back: fold). The note changes when the tail moves or a
 -- window no grant saw is remembered (its first bucket holding a permit is
 -- read once here, b when it held none before, so that the calls after it
--- read no bucket); the meta (static) when R, the densest writer or a trim
--- changed it. The TTL runs until the tail leaves the longest window of
--- every configuration, and is set when the tail or that window moves.
+-- read no bucket), or a trim moves base and C; under WithPrefix the meta
+-- (static) when there is none yet, or R or the densest writer changed.
+-- The TTL runs until the tail leaves the longest window of every
+-- configuration, and is set when the tail or that window moves.
 local granted, expire = allowed and n > 0, false
 if granted then
   if old then redis.call('DEL', KEY) end
   local window = rules[own].S * P
-  static = static or old or not meta or window > R or Ld * Wn > Ln * Wd
-  note_changed = note_changed or static or T ~= b
+  static = shared and (old or not meta or window > R or Ld * Wn > Ln * Wd)
+  note_changed = note_changed or old or not note or T ~= b
   expire = old or T ~= b or window > R
   if window > R then R = window end
   if Ld * Wn > Ln * Wd then Ln, Wn = Ld, Wd end
@@ -325,7 +327,7 @@ if granted then
     local trimmed = redis.call('ZRANGEBYSCORE', KEY, '0', string.format('(%d', cutoff), 'WITHSCORES', 'LIMIT', '0', SCAN)
     if #trimmed > 0 then
       redis.call('ZREMRANGEBYSCORE', KEY, '0', trimmed[#trimmed])
-      base, C, static, note_changed = trimmed[#trimmed - 1] + 0, trimmed[#trimmed] + 1, true, true
+      base, C, note_changed = trimmed[#trimmed - 1] + 0, trimmed[#trimmed] + 1, true
     end
   end
   for i = 1, #rules do
@@ -339,23 +341,22 @@ if granted then
   member = string.format('%d', cum + n)
 end
 
--- write: bucket b's member, the note when it changed (the tail b and the
--- windows remembered that this call used, each as T - f, cb, ni - f:
--- short, so that every member stays within Redis's compact listpack) and
--- the meta when static. The old members go after: a set left empty even
--- for a moment is a deleted key, and the new one would carry no TTL.
+-- write: bucket b's member, the note when it changed (the tail b, base, C
+-- and the windows remembered that this call used) and the meta when
+-- static. The old members go after: a set left empty even for a moment is
+-- a deleted key, and the new one would carry no TTL.
 if member then
   local gone = {}
   if T == b and tail_member and tail_member ~= member then gone[1] = tail_member end
   if note_changed then
-    local text = {string.format('~%d', b)}
+    local text = {string.format('%s~%d %d %d', KIND, b, base, C)}
     for i = 1, #memo do
       local m = memo[i]
       if m[4] then text[#text + 1] = string.format(' %d %d %d', b - m[1], m[2], m[3] - m[1]) end
     end
     local new_note, new_meta = table.concat(text), meta
     if static then
-      new_meta = string.format('%s7 %d %d %d %d %d %d', KIND, G, R, Ln, Wn, base, C)
+      new_meta = string.format('%s7 %d %d %d %d', KIND, G, R, Ln, Wn)
       redis.call('ZADD', KEY, b, member, '+inf', new_note, '+inf', new_meta)
     else
       redis.call('ZADD', KEY, b, member, '+inf', new_note)
