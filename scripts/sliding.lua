@@ -169,8 +169,8 @@ if foreign then return redis.error_reply('NOTOURS holds ' .. foreign .. ', not r
 -- moved is no longer true, and goes. The only write a denial or n == 0
 -- ever makes (write, below); when Redis refuses it, the decision is the
 -- same. Its work grows with the buckets moved: a clock, not a caller,
--- decides when it runs. What write then changes: the tail's member and
--- the note, and under WithPrefix the meta when static.
+-- decides when it runs. The folded tail is written at once, so that what
+-- follows reads it; write (below) then writes the note (base, C, T).
 local b, folded, member, note_changed, static = idiv(now, G), false, nil, false, false
 if T > b then
   local from = idiv((T + 1) * G - R, G)
