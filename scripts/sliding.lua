@@ -50,10 +50,10 @@
 --
 -- How it reads: the steps of a decision are the sections below, in order,
 -- each headed by its name: read_args, read_state, fold, other_rules,
--- locate, decide, apply, write, reply. They share the chunk's locals. Redis makes
--- every function and table of a script anew on every call, and each costs
--- it about what a Redis command does: the steps are not functions, and the
--- few functions take what they need as arguments where they can.
+-- locate, decide, apply, write, reply. They share the chunk's locals.
+-- Redis makes every function and table of a script anew on every call,
+-- each costing it a good part of what a small command does: the steps are
+-- not functions, and the few functions take what they need as arguments.
 --
 -- A rule is {L, S, P, first, before, count, next, known, memo}: at most L
 -- permits in S buckets of P µs, and what locate finds: the window's first
