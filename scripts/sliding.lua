@@ -146,8 +146,8 @@ elseif #rows > 0 then
       memo[#memo + 1] = {f, cb + 0, f + e, false}
     end
     local i = #rows - 1
-    local g, r, ln, wn = string.match(rows[i] or '', '^' .. KIND .. '7 (%d+) (%d+) (%d+) (%d+)$')
-    if g then meta, G, R, Ln, Wn, i = rows[i], g + 0, r + 0, ln + 0, wn + 0, i - 1 end
+    local k, g, r, ln, wn = string.match(rows[i] or '', '^(%a)7 (%d+) (%d+) (%d+) (%d+)$')
+    if k == KIND then meta, G, R, Ln, Wn, i = rows[i], g + 0, r + 0, ln + 0, wn + 0, i - 1 end
     -- The tail's member; under WithPrefix a configuration's, when no
     -- bucket is left, which is no number.
     local tail = i > 0 and tonumber(rows[i])
@@ -386,10 +386,12 @@ local used = allowed and n or 0
 local remaining, fewest, own_left, reset = nil, 1, nil, 0
 for i = 1, #rules do
   local r = rules[i]
-  local left = math.max(0, r.L - r.count - used)
+  local left = r.L - r.count - used
+  if left < 0 then left = 0 end
   if not remaining or left < remaining then remaining = left end
   if i <= own and (not own_left or left < own_left) then own_left, fewest = left, i end
-  reset = math.max(reset, leaves(T, G, r) - now)
+  local ends = leaves(T, G, r) - now
+  if ends > reset then reset = ends end
 end
 if allowed or folded then stable = 0 end
 if allowed then retry = 0 end
