@@ -112,9 +112,7 @@ func TestDifferential(t *testing.T) {
 	configs, steps := shortOr(1, 4), shortOr(300, 1500)
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		if b.mini == nil {
-			keepTTL(b.rdb, time.Hour)
-		}
+		b.keepKeys()
 		for c := range configs {
 			seed := uint64(1000 + c)
 			rng := rand.New(rand.NewPCG(seed, 0))
@@ -200,9 +198,7 @@ func TestRetryAfterIsExact(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		if b.mini == nil {
-			keepTTL(b.rdb, time.Hour)
-		}
+		b.keepKeys()
 		rng := rand.New(rand.NewPCG(42, 0))
 		for _, dc := range randomDiffCases(rng) {
 			t.Run(dc.name, func(t *testing.T) {

@@ -173,6 +173,16 @@ type backend struct {
 	mini *miniredis.Miniredis // nil on a real server
 }
 
+// keepKeys makes a real server keep every key an hour (keepTTL), for tests
+// whose fake clock runs on while the server's does not: a key must not
+// expire before that clock is done with it. A miniredis expires nothing
+// unless fast-forwarded.
+func (b backend) keepKeys() {
+	if b.mini == nil {
+		keepTTL(b.rdb, time.Hour)
+	}
+}
+
 // forEachBackend runs fn, as two parallel subtests, on a miniredis of its
 // own and on a database of its own on the real redis-server the test binary
 // shares (redistest.DB; skipped, or failed when REDLIMIT_REQUIRE_REDIS=1,

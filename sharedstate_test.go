@@ -95,9 +95,7 @@ func TestTwinKeysAnswerAlike(t *testing.T) {
 		t.Run(alg, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
 				ctx := context.Background()
-				if b.mini == nil {
-					keepTTL(b.rdb, time.Hour)
-				}
+				b.keepKeys()
 				for trace := range 4 {
 					rng := rand.New(rand.NewPCG(uint64(trace), uint64(ai)))
 					clock := newClock()
@@ -160,9 +158,7 @@ func TestClockBackTracesMatchModel(t *testing.T) {
 	}
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		if b.mini == nil {
-			keepTTL(b.rdb, time.Hour)
-		}
+		b.keepKeys()
 		for c := range 3 {
 			seed := uint64(7000 + c)
 			rng := rand.New(rand.NewPCG(seed, 0))
@@ -215,4 +211,104 @@ func TestClockBackTracesMatchModel(t *testing.T) {
 			}
 		}
 	})
+}
+
+// Twin keys whose clock also goes back, for every algorithm: b also gets
+// calls that grant nothing (n == 0, above the capacity, above Remaining),
+// by any configuration sharing the prefix and at other times than the
+// calls both get, before them or after. Those calls change the state only
+// where the clock went back (DESIGN property 10; "Time going backwards"),
+// and then only towards later time: at the first answer that differs, b is
+// the looser, never the stricter. A sliding key's time stands still at its
+// last grant; a fold of its buckets into now's, whose trimming depended on
+// the configuration and the time of the call, made b the stricter.
+func TestTwinKeysClockBack(t *testing.T) {
+	t.Parallel()
+	algorithms := []string{"sliding_window", "sliding_log", "fixed_window", "leaky_bucket", "token_bucket"}
+	traces := 100
+	if testing.Short() {
+		traces = 25
+	}
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		be.keepKeys()
+		differed := 0
+		for tr := range traces {
+			alg := algorithms[tr%len(algorithms)]
+			rng := rand.New(rand.NewPCG(uint64(tr), 23))
+			clock := newClock()
+			prefix := fmt.Sprintf("twinback:%d:", tr)
+			var names []string
+			var limiters []Limiter
+			var limits []int
+			for range 2 + rng.IntN(2) {
+				var make func(redis.Scripter, ...Option) (Limiter, error)
+				var name string
+				var limit int
+				if alg == "sliding_window" || alg == "sliding_log" {
+					var sliding slidingMaker
+					name, sliding, limit = randomSlidingConfig(rng, alg == "sliding_window")
+					make = sliding
+				} else {
+					make, limit, name = twinConfig(alg, rng)
+				}
+				l, err := make(be.rdb, WithPrefix(prefix), WithClock(clock.Now))
+				require.NoError(t, err)
+				names, limiters, limits = append(names, name), append(limiters, l), append(limits, limit)
+			}
+			// The sliding configurations have windows of milliseconds.
+			scale := 1500 * us
+			if alg != "sliding_window" && alg != "sliding_log" {
+				scale = 2 * time.Second
+			}
+			move := func() {
+				d := time.Duration(rng.Int64N(int64(scale))).Truncate(us)
+				if rng.IntN(4) == 0 {
+					d = -2 * d
+				}
+				clock.Advance(d)
+			}
+			for step := range 200 {
+				move()
+				c := rng.IntN(len(limiters))
+				n := rng.IntN(limits[c] + 1)
+				a, err := limiters[c].AllowN(ctx, "a", n)
+				require.NoError(t, err)
+				b, err := limiters[c].AllowN(ctx, "b", n)
+				require.NoError(t, err, "trace %d step %d: a key the limiter wrote is read as its own", tr, step)
+				if a != b {
+					stricter := (a.Allowed && !b.Allowed) ||
+						(a.Allowed == b.Allowed && (b.Remaining < a.Remaining || (!a.Allowed && b.RetryAfter > a.RetryAfter)))
+					require.False(t, stricter, "%s trace %d step %d: %s asks %d: without the extra calls %+v, with them %+v (configurations %v)",
+						alg, tr, step, names[c], n, a, b, names)
+					differed++
+					break
+				}
+				if rng.IntN(2) == 0 {
+					move()
+				}
+				twinExtraCalls(t, rng, limiters, limits)
+			}
+		}
+		t.Logf("%d traces: %d differed, b the looser", traces, differed)
+	})
+}
+
+// twinExtraCalls makes up to two calls on key b alone that grant nothing,
+// or grant and are then made on a as well, so that the grants on the two
+// stay the same: n == 0, above the configuration's limit, or any n up to
+// it (denied above Remaining).
+func twinExtraCalls(t *testing.T, rng *rand.Rand, limiters []Limiter, limits []int) {
+	t.Helper()
+	ctx := context.Background()
+	for range rng.IntN(3) {
+		c := rng.IntN(len(limiters))
+		n := []int{0, limits[c] + 1 + rng.IntN(3), 1 + rng.IntN(limits[c])}[rng.IntN(3)]
+		r, err := limiters[c].AllowN(ctx, "b", n)
+		require.NoError(t, err)
+		if r.Allowed && n > 0 {
+			_, err := limiters[c].AllowN(ctx, "a", n)
+			require.NoError(t, err)
+		}
+	}
 }

@@ -58,9 +58,9 @@ func TestClockBackAfterLook(t *testing.T) {
 
 // oracle steps a reference model as the scripts keep their state: a call
 // decides on the model's state, and changes it as the script's writes do.
-// The models store the state they normalised at every call; so do the
-// sliding scripts (a denial or n == 0 tidies the buckets that left every
-// window, best effort). The buckets and the fixed window write only a
+// The sliding models keep their state as the sliding scripts do: a call
+// that finds the clock gone back moves the key's own time (best effort in
+// the scripts), and nothing else changes without a grant. The buckets and the fixed window write only a
 // grant, or a clamp when the clock went back: a call that finds the key
 // back in its initial state without granting leaves it as it was, should
 // the clock go back into the time it was in use ("n == 0 changes
@@ -80,8 +80,9 @@ func oracle(m model.Model, sliding bool, nowUS, n int64) model.Result {
 // also jumps back: every in-process limiter gives the Result of its
 // reference model, stepped as the scripts keep state (oracle), to the
 // microsecond. What the models define then: a window ends no later than
-// its length from now; buckets from the future fold into now's; a shorter
-// window of a sliding log takes back the buckets it had let go; a bucket's
+// its length from now; a sliding key's time stands still at its last
+// grant's bucket until the clock catches up, so a shorter window of a
+// sliding log takes back the buckets it had let go; a bucket's
 // level rises as the clock goes back, up to full.
 func TestDifferentialClockBackwards(t *testing.T) {
 	ctx := context.Background()

@@ -47,5 +47,7 @@
 // extra permits, and never locks a key out for longer than its
 // configuration allows: as with the scripts, a call that only looks
 // (n == 0) or is denied changes nothing, so a key that ran out of permits
-// is still out of them if the clock goes back into that time.
+// is still out of them if the clock goes back into that time. (A sliding
+// key keeps its own time, which stands still at its last grant while the
+// clock is behind it: a call then moves that time, never the counts.)
 package inmem

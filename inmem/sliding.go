@@ -64,11 +64,18 @@ type log struct {
 // logState is one key: its nonempty buckets, oldest first, and for each
 // strategy the position of the oldest bucket inside its window and the
 // permits the window holds. Only the buckets that leave a window are read.
+// The key keeps its own time, offsetUS ahead of the clock, as the script
+// does: when a call falls in a bucket before the last grant's (tail), the
+// clock went back, and the offset grows so that the key's time stands
+// still in that bucket until the clock catches up.
 type logState struct {
-	buckets []logBucket
-	cursor  []int // into buckets
-	total   []int64
-	lastB   int64 // the bucket of the last decision
+	buckets  []logBucket
+	cursor   []int // into buckets
+	total    []int64
+	lastB    int64 // the bucket of the last decision
+	tail     int64 // the bucket of the last grant, once granted is set
+	granted  bool
+	offsetUS int64
 }
 
 type logBucket struct{ index, count int64 }
@@ -144,25 +151,17 @@ func (l *log) AllowN(ctx context.Context, key string, n int) (redlimit.Result, e
 	return r, nil
 }
 
-// advance moves the queue to bucket b: buckets after b (the clock went
-// back) fold into b, buckets that left the longest window go, and each
-// strategy's cursor and total follow its window.
+// advance moves the queue to bucket b, never before the tail's: each
+// strategy's cursor and total follow its window. When b is before the last
+// decision's bucket (the clock went back, and the key's time with it, to
+// the tail's bucket at the earliest), a shorter window takes back buckets
+// it had let go: they are kept until they leave the longest window as of
+// the tail.
 func (l *log) advance(s *logState, b int64) {
 	S := len(l.sizes)
 	back := b < s.lastB
 	s.lastB = b
-	if k := len(s.buckets); k > 0 && s.buckets[k-1].index > b {
-		var folded int64
-		for k > 0 && s.buckets[k-1].index >= b {
-			folded += s.buckets[k-1].count
-			k--
-		}
-		s.buckets = append(s.buckets[:k], logBucket{index: b, count: folded})
-		back = true
-	}
 	if back {
-		// The clock went back: a shorter window takes back buckets it had
-		// let go (the longest window never let go of any still stored).
 		for i := range S {
 			s.cursor[i], s.total[i] = 0, 0
 		}
@@ -187,8 +186,13 @@ func (l *log) advance(s *logState, b int64) {
 			s.cursor[i]++
 		}
 	}
-	// The longest window's cursor is the head: drop what is before it.
-	if head := s.cursor[S-1]; head > 0 {
+	// Drop what left the longest window as of the tail: no window of the
+	// key's time, which never goes back before the tail, reaches it again.
+	head := 0
+	for head < len(s.buckets) && s.buckets[head].index <= s.tail-l.sizes[S-1] {
+		head++
+	}
+	if head > 0 {
 		kept := copy(s.buckets, s.buckets[head:])
 		s.buckets = s.buckets[:kept]
 		for i := range S {
@@ -197,8 +201,12 @@ func (l *log) advance(s *logState, b int64) {
 	}
 }
 
-func (l *log) decide(s *logState, t, n int64) (redlimit.Result, int64) {
+func (l *log) decide(s *logState, now, n int64) (redlimit.Result, int64) {
 	P := l.precisionUS
+	if b := floorDiv(now+s.offsetUS, P); s.granted && b < s.tail {
+		s.offsetUS += (s.tail - b) * P
+	}
+	t := now + s.offsetUS
 	b := floorDiv(t, P)
 	l.advance(s, b)
 	S := len(l.sizes)
@@ -235,6 +243,7 @@ func (l *log) decide(s *logState, t, n int64) (redlimit.Result, int64) {
 			break
 		}
 		r.Allowed = true
+		s.tail, s.granted = b, true
 		if k := len(s.buckets); k > 0 && s.buckets[k-1].index == b {
 			s.buckets[k-1].count += n
 		} else {
@@ -257,7 +266,7 @@ func (l *log) decide(s *logState, t, n int64) (redlimit.Result, int64) {
 	r.Limit = int(l.limits[reported])
 	resetUS := int64(0)
 	if k := len(s.buckets); k > 0 {
-		resetUS = (s.buckets[k-1].index+l.sizes[S-1])*P - t
+		resetUS = max(0, (s.buckets[k-1].index+l.sizes[S-1])*P-t)
 	}
 	r.ResetAfter = microsDuration(resetUS)
 	return r, resetUS

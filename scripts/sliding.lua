@@ -19,13 +19,16 @@
 -- (exact below 2^53; the Go side keeps every value below it).
 --
 -- State (docs/internals.md): a sorted set. One member per nonempty bucket of
--- the key's grid G: score the bucket's index (floor(µs / G)), member the
--- decimal count of every permit granted on the key up to and including that
--- bucket (cumulative, so members are unique and the count in any span of
--- buckets is one subtraction). And the note, score +inf:
---   "<kind>~T base C" then " T-f cb ni-f" per remembered window
+-- the key's grid G: score the bucket's index (floor(µs / G), in µs of the
+-- key's time: clock, below), member the decimal count of every permit
+-- granted on the key up to and including that bucket (cumulative, so
+-- members are unique and the count in any span of buckets is one
+-- subtraction). And the note, score +inf:
+--   "<kind>~T base C" then "+O" unless O is 0, then " T-f cb ni-f" per
+--   remembered window
 -- T the tail (the last bucket granted in); base the cumulative count of the
--- last bucket trimmed away; C the first bucket index still fully known. A
+-- last bucket trimmed away; C the first bucket index still fully known; O
+-- how far (µs) the key's time is ahead of the clock (clock, below). A
 -- remembered window starting at bucket f holds the count of every permit
 -- granted before f (cb) and the first bucket from f on that holds a permit
 -- (ni): facts about buckets before the tail, which no later grant changes,
@@ -40,8 +43,8 @@
 -- stays within the 64 bytes of Redis's compact listpack. And under
 -- WithPrefix one member per configuration that granted, score -until,
 -- text "P L_1 S_1 L_2 S_2 ...": its strategies bind every call until its
--- last grant leaves its longest window (until, Unix µs). Configurations
--- sharing a key all read it by the same rule.
+-- last grant leaves its longest window (until, in µs of the key's time).
+-- Configurations sharing a key all read it by the same rule.
 --
 -- The reply is six integers: allowed (0/1), remaining, retry-after µs (-1:
 -- never), reset-after µs, the index of the strategy reported, and stable µs:
@@ -49,7 +52,7 @@
 -- counting down (the deny cache's bound).
 --
 -- How it reads: the steps of a decision are the sections below, in order,
--- each headed by its name: read_args, read_state, fold, other_rules,
+-- each headed by its name: read_args, read_state, clock, other_rules,
 -- locate, decide, apply, write, reply. They share the chunk's locals.
 -- Redis makes every function and table of a script anew on every call,
 -- each costing it a good part of what a small command does: the steps are
@@ -129,7 +132,7 @@ end
 -- member, or an empty key's state (no tail: T = -1). A state in the
 -- previous released format (format 6, or a hash with "W4" or "L4" in
 -- field m) reads as empty, and the first grant replaces it.
-local meta, note, G, R, Ln, Wn, base, C, T = nil, nil, P, rules[own].S * P, Ld, Wd, 0, 0, -1
+local meta, note, G, R, Ln, Wn, base, C, T, O = nil, nil, P, rules[own].S * P, Ld, Wd, 0, 0, -1, 0
 local tail_member, cum, memo, entries, old = nil, 0, {}, {}, false
 local rows = redis.pcall('ZRANGE', KEY, '-3', '-1')
 local foreign
@@ -138,9 +141,10 @@ if rows.err then
   old = type(m) == 'string' and string.find(m, '^' .. string.upper(KIND) .. '4 ') ~= nil
   if not old then foreign = 'another type than sliding state' end
 elseif #rows > 0 then
-  local kind, t, b, c, remembered = string.match(rows[#rows], '^(%a)~(%d+) (%d+) (%d+)(.*)$')
+  local kind, t, b, c, o, remembered = string.match(rows[#rows], '^(%a)~(%d+) (%d+) (%d+)%+?(%d*)(.*)$')
   if kind == KIND then
     note, T, base, C = rows[#rows], t + 0, b + 0, c + 0
+    O = tonumber(o) or 0
     for d, cb, e in string.gmatch(remembered, ' (%d+) (%d+) (%d+)') do
       local f = T - d
       memo[#memo + 1] = {f, cb + 0, f + e, false}
@@ -150,7 +154,7 @@ elseif #rows > 0 then
     if k == KIND then meta, G, R, Ln, Wn, i = rows[i], g + 0, r + 0, ln + 0, wn + 0, i - 1 end
     -- The tail's member; under WithPrefix a configuration's, when no
     -- bucket is left, which is no number.
-    local tail = i > 0 and tonumber(rows[i])
+    local tail = tonumber(rows[i])
     cum = base
     if tail then tail_member, cum = rows[i], tail end
     if shared then entries = redis.call('ZRANGEBYSCORE', KEY, '-inf', '(0', 'WITHSCORES') end
@@ -162,34 +166,22 @@ elseif #rows > 0 then
 end
 if foreign then return redis.error_reply('NOTOURS holds ' .. foreign .. ', not redlimit state; it was left unchanged') end
 
--- fold: when the clock went back behind the tail, the buckets from now's on
--- are moved into now's, as if granted now, and those before the longest
--- window ending at the tail are trimmed, so that no key stays locked for
--- longer than its windows from now. What was remembered of the buckets
--- moved is no longer true, and goes. The only write a denial or n == 0
--- ever makes (write, below); when Redis refuses it, the decision is the
--- same. Its work grows with the buckets moved: a clock, not a caller,
--- decides when it runs. The folded tail is written at once, so that what
--- follows reads it; write (below) then writes the note (base, C, T).
-local b, folded, member, note_changed, static = idiv(now, G), false, nil, false, false
+-- clock: the key keeps its own time, O µs ahead of the caller's clock.
+-- When now falls in a bucket before the tail, the clock went back: O grows
+-- so that now falls in the tail's bucket, and the key's time stands still
+-- there until the clock catches up. No bucket is then in the future,
+-- nothing is counted again or forgotten, and no grant stays in a window for
+-- longer than the window from now. The new O is written (write, below)
+-- even by a denial or n == 0, the one write they make, best effort: when
+-- Redis refuses it, the decision is the same, and a later call grows O
+-- alike. A call that wrote O reads, and leaves, the key as a call at the
+-- tail's time would: never stricter than without it.
+now = now + O
+local b, moved, member, note_changed, static, old_member = idiv(now, G), false, nil, false, false, nil
 if T > b then
-  local from = idiv((T + 1) * G - R, G)
-  local row = redis.call('ZREVRANGEBYSCORE', KEY, string.format('(%d', from), '0', 'LIMIT', '0', '1')
-  if row[1] then base = row[1] + 0 end
-  -- Buckets from C on are known: none of this configuration's windows
-  -- reaches before C, and what was removed is forgotten, as when the
-  -- clock is not moved (the reference model's rule).
-  local longest = (idiv(now, P) - rules[own].S + 1) * P
-  C = math.min(math.max(C, from), idiv(longest, G))
-  T, memo, folded = b, {}, true
-  -- It removes the old tail at least: a write, after which Redis takes
-  -- the rest even at maxmemory.
-  if type(redis.pcall('ZREMRANGEBYSCORE', KEY, b, LAST)) == 'number' then
-    redis.call('ZREMRANGEBYSCORE', KEY, '0', string.format('(%d', from))
-    member, note_changed = string.format('%d', cum), true
-    redis.call('ZADD', KEY, b, member)
-    tail_member = member
-  end
+  O, now, b, moved, note_changed = O + (T - b) * G, now + (T - b) * G, T, true, true
+  -- Written again as it is, with the note.
+  member = tail_member
 end
 
 -- other_rules: the strategies of the other configurations whose last grant
@@ -300,21 +292,22 @@ elseif n > 0 then
   end
 end
 
--- apply: a grant is n more in bucket b, which is now's (the tail's when
--- the clock went back: fold). The note changes when the tail moves or a
--- window no grant saw is remembered (its first bucket holding a permit is
--- read once here, b when it held none before, so that the calls after it
--- read no bucket), or a trim moves base and C; under WithPrefix the meta
--- (static) when there is none yet, or R or the densest writer changed.
--- The TTL runs until the tail leaves the longest window of every
--- configuration, and is set when the tail or that window moves.
+-- apply: a grant is n more in bucket b, which is now's. The note changes
+-- when the tail moves or a window no grant saw is remembered (its first
+-- bucket holding a permit is read once here, b when it held none before,
+-- so that the calls after it read no bucket), or a trim moves base and C;
+-- under WithPrefix the meta (static) when there is none yet, or R or the
+-- densest writer changed. The TTL runs until the tail leaves the longest
+-- window of every configuration, and is set when the tail or that window
+-- moves, or the key's time did.
 local granted, expire = allowed and n > 0, false
 if granted then
   if old then redis.call('DEL', KEY) end
   local window = rules[own].S * P
   static = shared and (old or not meta or window > R or Ld * Wn > Ln * Wd)
-  note_changed = note_changed or old or not note or T ~= b
-  expire = old or T ~= b or window > R
+  -- A previous format has no note; a new meta goes with the note.
+  note_changed = note_changed or static or not note or T ~= b
+  expire = old or moved or T ~= b or window > R
   if window > R then R = window end
   if Ld * Wn > Ln * Wd then Ln, Wn = Ld, Wd end
   -- Buckets that left the longest window of every configuration go, SCAN
@@ -338,35 +331,42 @@ if granted then
       memo[#memo + 1], note_changed = r.memo, true
     end
   end
+  -- A grant in the tail's bucket replaces its member.
+  if T == b then old_member = tail_member end
   member = string.format('%d', cum + n)
 end
 
--- write: bucket b's member, the note when it changed (the tail b, base, C
--- and the windows remembered that this call used) and the meta when
--- static. The old members go after: a set left empty even for a moment is
--- a deleted key, and the new one would carry no TTL.
+-- write: bucket b's member, the note when it changed (the tail b, base, C,
+-- O and the windows remembered that this call used) and the meta when
+-- static. A denial or n == 0 writes only when O grew (clock), best effort.
+-- The old members go after the new ones are in: a set left empty even for
+-- a moment is a deleted key, and the new one would carry no TTL; a note
+-- gone without its successor would leave a key nobody reads as ours.
 if member then
-  local gone = {}
-  if T == b and tail_member and tail_member ~= member then gone[1] = tail_member end
+  local gone, new_note, new_meta = {old_member}, nil, meta
   if note_changed then
     local text = {string.format('%s~%d %d %d', KIND, b, base, C)}
+    if O > 0 then text[2] = string.format('+%d', O) end
     for i = 1, #memo do
       local m = memo[i]
       if m[4] then text[#text + 1] = string.format(' %d %d %d', b - m[1], m[2], m[3] - m[1]) end
     end
-    local new_note, new_meta = table.concat(text), meta
-    if static then
-      new_meta = string.format('%s7 %d %d %d %d', KIND, G, R, Ln, Wn)
-      redis.call('ZADD', KEY, b, member, '+inf', new_note, '+inf', new_meta)
-    else
-      redis.call('ZADD', KEY, b, member, '+inf', new_note)
-    end
-    if note and note ~= new_note then gone[#gone + 1] = note end
-    if meta and meta ~= new_meta then gone[#gone + 1] = meta end
-  else
-    redis.call('ZADD', KEY, b, member)
+    new_note = table.concat(text)
+    if static then new_meta = string.format('%s7 %d %d %d %d', KIND, G, R, Ln, Wn) end
+    -- A missing note or meta (nil) appends nothing.
+    if note ~= new_note then gone[#gone + 1] = note end
+    if meta ~= new_meta then gone[#gone + 1] = meta end
   end
-  if #gone > 0 then redis.call('ZREM', KEY, unpack(gone)) end
+  local call, written = redis.call, nil
+  if not granted then call = redis.pcall end
+  if static then
+    written = call('ZADD', KEY, b, member, '+inf', new_note, '+inf', new_meta)
+  elseif new_note then
+    written = call('ZADD', KEY, b, member, '+inf', new_note)
+  else
+    written = call('ZADD', KEY, b, member)
+  end
+  if type(written) == 'number' and #gone > 0 then call('ZREM', KEY, unpack(gone)) end
 end
 if granted then
   -- This configuration's entry, and the others' that lapsed.
@@ -393,7 +393,7 @@ for i = 1, #rules do
   local ends = leaves(T, G, r) - now
   if ends > reset then reset = ends end
 end
-if allowed or folded then stable = 0 end
+if allowed or moved then stable = 0 end
 if allowed then retry = 0 end
 if not reported or reported == 0 then reported = fewest end
 return string.format('%d %d %d %d %d %d', allowed and 1 or 0, remaining, retry, reset, reported - 1, stable)

@@ -121,21 +121,44 @@ func (bs buckets) indices() []int64 {
 	return idx
 }
 
-// normalise prepares the buckets for a decision in bucket b, keeping a
-// window of keep buckets: buckets newer than b (the clock went backwards)
-// are folded into bucket b, then buckets with index <= b - keep are dropped.
-func (bs buckets) normalise(b, keep int64) {
-	for _, k := range bs.indices() {
-		if k > b {
-			bs[b] += bs[k]
-			delete(bs, k)
+// keyClock is a sliding key's own time: the caller's clock plus an offset.
+// When a call falls in a bucket before the key's last grant (the clock went
+// back), the offset grows so that it falls in that bucket: the key's time
+// stands still there until the clock catches up. So no bucket is ever in
+// the future, none is counted again or forgotten, and no grant stays in a
+// window for longer than the window from now.
+type keyClock struct {
+	offsetUS int64
+	tail     int64 // the bucket of the last grant, once granted is set
+	granted  bool
+}
+
+// grant records a grant in bucket b.
+func (c *keyClock) grant(b int64) { c.tail, c.granted = b, true }
+
+// advance returns the key's time for a call at t µs, on buckets of p µs
+// and a longest window of keep buckets. A key whose last grant has left
+// that window is back in its initial state and forgets its buckets and
+// offset, as Redis forgets a key whose TTL ran out. Otherwise it drops the
+// buckets that had left the window as of the last grant: the key's time
+// never goes back before that grant's bucket, so no window reaches them
+// again.
+func (bs *buckets) advance(c *keyClock, t, p, keep int64) int64 {
+	if !c.granted {
+		return t
+	}
+	if b := floorDiv(t+c.offsetUS, p); b < c.tail {
+		c.offsetUS += (c.tail - b) * p
+	} else if c.tail <= b-keep {
+		*bs, *c = buckets{}, keyClock{}
+		return t
+	}
+	for k := range *bs {
+		if k <= c.tail-keep {
+			delete(*bs, k)
 		}
 	}
-	for _, k := range bs.indices() {
-		if k <= b-keep {
-			delete(bs, k)
-		}
-	}
+	return t + c.offsetUS
 }
 
 // sum returns the permits in the window of nb buckets ending at bucket b,
@@ -178,7 +201,7 @@ func (bs buckets) resetAfter(nb, p, t int64) int64 {
 	}
 	idx := bs.indices()
 	newest := idx[len(idx)-1]
-	return (newest+nb)*p - t
+	return max(0, (newest+nb)*p-t)
 }
 
 // clone returns a copy of bs.

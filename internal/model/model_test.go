@@ -134,9 +134,9 @@ func TestSlidingWindow(t *testing.T) {
 			{600, 2, false, 1, 9400, 9400},
 			{700, 1, true, 0, 0, 9300},
 		}},
-		{"clock backwards folds newer buckets", []step{
+		{"clock backwards: the key's time stands at its last grant", []step{
 			{20500, 3, true, 0, 0, 9500},
-			{5000, 1, false, 0, 10000, 10000}, // folded into bucket 5
+			{5000, 1, false, 0, 10000, 10000}, // key time 20000, 15000µs ahead from now on
 			{14999, 1, false, 0, 1, 1},
 			{15000, 1, true, 2, 0, 10000},
 			{20500, 2, true, 0, 0, 9500},
@@ -217,9 +217,11 @@ func TestSlidingLogClockBackwards(t *testing.T) {
 	runSteps(t, m, []step{
 		{20000, 2, true, 0, 0, 10000},
 		{28000, 2, true, 0, 0, 10000},
-		{25000, 2, false, 0, 5000, 10000}, // bucket 28 folded into 25; strategy 1 waits for bucket 20
-		{29999, 2, false, 1, 1, 5001},
-		{30000, 2, true, 0, 0, 10000},
+		// The clock went back 3000µs: the key's time stands at bucket 28,
+		// 3000µs ahead of the clock from now on.
+		{25000, 2, false, 0, 2000, 10000},
+		{29999, 2, true, 0, 0, 9001}, // key time 32999: bucket 20 left the 10-bucket window
+		{30000, 2, false, 0, 5000, 9000},
 	})
 }
 
@@ -572,7 +574,8 @@ func TestSlidingLogSingleStrategy(t *testing.T) {
 
 // TestClockBackwardsGivesNoExtraPermits checks that jumping backwards right
 // after saturating never allows a request: every permit granted is still
-// counted (fixed window clamp, sliding fold, bucket level clamp).
+// counted (fixed window clamp, a sliding key's time held at its last
+// grant, bucket level clamp).
 func TestClockBackwardsGivesNoExtraPermits(t *testing.T) {
 	models := map[string]Model{
 		"FixedWindow":   NewFixedWindow(5, 10000),

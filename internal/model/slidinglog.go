@@ -13,6 +13,7 @@ type SlidingLog struct {
 	nbMax       int64   // the longest window, in buckets
 
 	buckets buckets
+	clock   keyClock
 }
 
 // NewSlidingLog returns a sliding-log model with buckets of precisionUS
@@ -43,14 +44,14 @@ func NewSlidingLog(precisionUS int64, limits, windowsUS []int64) *SlidingLog {
 // Reset forgets all buckets.
 func (m *SlidingLog) Reset() {
 	m.buckets = buckets{}
+	m.clock = keyClock{}
 }
 
 // Step decides a request for n permits at time nowUS.
 func (m *SlidingLog) Step(nowUS int64, n int64) Result {
-	t, P := nowUS, m.precisionUS
+	P := m.precisionUS
+	t := m.buckets.advance(&m.clock, nowUS, P, m.nbMax)
 	b := floorDiv(t, P)
-
-	m.buckets.normalise(b, m.nbMax)
 	counts := make([]int64, len(m.limits))
 	for i := range m.limits {
 		counts[i] = m.buckets.sum(b, m.nbs[i])
@@ -63,8 +64,6 @@ func (m *SlidingLog) Step(nowUS int64, n int64) Result {
 		res.Strategy = 0
 		res.Limit = m.limits[0]
 	case n == 0:
-		// Always allowed, even if a fold (clock going backwards) has put a
-		// short window over its limit.
 		res.Allowed = true
 	default:
 		// Find the violated strategy with the longest RetryAfter (ties:
@@ -87,6 +86,7 @@ func (m *SlidingLog) Step(nowUS int64, n int64) Result {
 		}
 		res.Allowed = true
 		m.buckets[b] += n
+		m.clock.grant(b)
 		for i := range counts {
 			counts[i] += n
 		}

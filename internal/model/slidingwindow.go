@@ -12,6 +12,7 @@ type SlidingWindow struct {
 	nb          int64 // N = W / P
 
 	buckets buckets
+	clock   keyClock
 }
 
 // NewSlidingWindow returns a sliding-window model granting at most limit
@@ -35,14 +36,14 @@ func NewSlidingWindow(limit, windowUS, precisionUS int64) *SlidingWindow {
 // Reset forgets all buckets.
 func (m *SlidingWindow) Reset() {
 	m.buckets = buckets{}
+	m.clock = keyClock{}
 }
 
 // Step decides a request for n permits at time nowUS.
 func (m *SlidingWindow) Step(nowUS int64, n int64) Result {
-	t, L, P, N := nowUS, m.limit, m.precisionUS, m.nb
+	L, P, N := m.limit, m.precisionUS, m.nb
+	t := m.buckets.advance(&m.clock, nowUS, P, N)
 	b := floorDiv(t, P)
-
-	m.buckets.normalise(b, N)
 	count := m.buckets.sum(b, N)
 
 	res := Result{Limit: L}
@@ -54,6 +55,7 @@ func (m *SlidingWindow) Step(nowUS int64, n int64) Result {
 	case count+n <= L:
 		res.Allowed = true
 		m.buckets[b] += n
+		m.clock.grant(b)
 		count += n
 	default:
 		res.RetryAfterUS = m.buckets.retryAfter(b, N, P, t, count+n-L)
