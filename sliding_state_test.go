@@ -216,6 +216,33 @@ func TestSlidingClockBackLookKeepsOthersCount(t *testing.T) {
 	})
 }
 
+// A grant in the tail's bucket by a configuration denser than any before
+// records it in the meta, though the grant changes nothing else of the
+// note: (5 per 10s) grants, then (50 per 10s) in the same bucket. The
+// meta's densest writer bounds what a longer configuration counts as used
+// in buckets trimmed away, so a stale one would count too few.
+func TestSlidingMetaRecordsDensestWriter(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		clock := newClock()
+		opts := []Option{WithPrefix("densest:" + be.name + ":"), WithClock(clock.Now)}
+		sparse, err := NewSlidingWindow(be.rdb, 5, 10*time.Second, 100*ms, opts...)
+		require.NoError(t, err)
+		dense, err := NewSlidingWindow(be.rdb, 50, 10*time.Second, 100*ms, opts...)
+		require.NoError(t, err)
+		for _, l := range []*SlidingWindow{sparse, dense} {
+			r, err := l.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.True(t, r.Allowed)
+			clock.Advance(10 * ms)
+		}
+		meta, err := be.rdb.ZRangeByScore(ctx, dense.RedisKey("k"), &redis.ZRangeBy{Min: "+inf", Max: "+inf"}).Result()
+		require.NoError(t, err)
+		require.Contains(t, meta, "w7 100000 10000000 50 10000000", "the meta (grid, longest window, densest writer) and the note")
+	})
+}
+
 // randomSlidingConfig draws a sliding window or log with small windows:
 // precisions of 1 to 4ms, limits that bind.
 func randomSlidingConfig(rng *rand.Rand, window bool) (string, slidingMaker, int) {
