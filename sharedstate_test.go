@@ -220,8 +220,8 @@ func TestClockBackTracesMatchModel(t *testing.T) {
 // where the clock went back (DESIGN property 10; "Time going backwards"),
 // and then only towards later time: at the first answer that differs, b is
 // the looser, never the stricter. A sliding key's time stands still at its
-// last grant; a fold of its buckets into now's, whose trimming depended on
-// the configuration and the time of the call, made b the stricter.
+// last grant; folding its buckets into now's, with a trim that depends on
+// the configuration and the time of the call, would make b the stricter.
 func TestTwinKeysClockBack(t *testing.T) {
 	t.Parallel()
 	algorithms := []string{"sliding_window", "sliding_log", "fixed_window", "leaky_bucket", "token_bucket"}

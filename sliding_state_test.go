@@ -183,9 +183,9 @@ func TestSlidingFindingClockBackAfterZero(t *testing.T) {
 // count: Y = (3 per 100ms) grants at 0 and at 105ms (10ms buckets), the
 // clock goes back to 60ms, and on one key X = (1 per 20ms) looks (n == 0).
 // Y then asks for 2 on both keys and gets the same answer: granted, as the
-// grant at 0 left Y's window before the clock went back. (The clock's fold
-// once trimmed that grant with X's window in mind, and Y, whose window
-// reached past the trim, counted it as used on the key X had looked at.)
+// grant at 0 left Y's window before the clock went back. A look that
+// trimmed that grant with X's window in mind would leave Y, whose window
+// reaches past the trim, counting it as used on the key X looked at.
 func TestSlidingClockBackLookKeepsOthersCount(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, be backend) {
