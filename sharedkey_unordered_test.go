@@ -297,25 +297,28 @@ func TestSharedKeySlidingAnyPair(t *testing.T) {
 }
 
 // A sliding key in a previous released format (a hash whose field m holds
-// "W4 ..." or "L4 ...", or a sorted set whose meta is "w6 ..." or "l6 ...")
-// is ours but no longer read: it counts as empty, and the first grant
-// replaces it with the current state. A hash of the other kind, or without
-// that field, and a sorted set with another last member, stay foreign.
+// "W4 ..." or "L4 ...", or a sorted set whose last member is a format 6
+// meta, "w6 ..." or "l6 ...", or a format 7 note, "w~..." or "l~...") is
+// ours but no longer read: it counts as empty, and the first grant replaces
+// it with the current state. A hash of the other kind, or without that
+// field, and a sorted set with another last member, stay foreign.
 func TestSlidingReplacesPreviousFormat(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
+	window := func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+		return NewSlidingWindow(rdb, 3, 10*time.Second, time.Second, opts...)
+	}
+	log := func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+		return NewSlidingLog(rdb, time.Second, []Strategy{{Limit: 3, Window: 2 * time.Second}, {Limit: 5, Window: 10 * time.Second}}, opts...)
+	}
 	for _, tc := range []struct {
 		name, meta, sorted string
 		make               func(rdb redis.Scripter, opts ...Option) (Limiter, error)
 	}{
-		{"sliding_window", "W4 1000000 1 0 10 3 0", "w6 1000000 10000000 3 10000000 0 0",
-			func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
-				return NewSlidingWindow(rdb, 3, 10*time.Second, time.Second, opts...)
-			}},
-		{"sliding_log", "L4 1000000 2 0 2 3 0 0 10 5 0", "l6 1000000 10000000 3 2000000 0 0",
-			func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
-				return NewSlidingLog(rdb, time.Second, []Strategy{{Limit: 3, Window: 2 * time.Second}, {Limit: 5, Window: 10 * time.Second}}, opts...)
-			}},
+		{"sliding_window", "W4 1000000 1 0 10 3 0", "w6 1000000 10000000 3 10000000 0 0", window},
+		{"sliding_log", "L4 1000000 2 0 2 3 0 0 10 5 0", "l6 1000000 10000000 3 2000000 0 0", log},
+		{"sliding_window format 7", "W4 1000000 1 0 10 3 0", "w~1800000000 0 0 9 0 9", window},
+		{"sliding_log format 7", "L4 1000000 2 0 2 3 0 0 10 5 0", "l~1800000000 0 0+250 1 0 1 9 0 9", log},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, be backend) {
@@ -348,7 +351,7 @@ func TestSlidingReplacesPreviousFormat(t *testing.T) {
 					redis.Z{Score: math.Inf(1), Member: tc.sorted}).Err())
 				require.NoError(t, be.rdb.PExpire(ctx, six, time.Hour).Err())
 				r, err = l.AllowN(ctx, "six", 0)
-				require.NoError(t, err, "a sorted set in format 6 is ours")
+				require.NoError(t, err, "a sorted set in a previous format is ours")
 				require.Equal(t, 3, r.Remaining, "and reads as empty: %+v", r)
 				require.Equal(t, tc.sorted, be.rdb.ZRange(ctx, six, -1, -1).Val()[0], "n == 0 writes nothing")
 				r, err = l.Allow(ctx, "six")

@@ -240,7 +240,7 @@ func TestSlidingMetaRecordsDensestWriter(t *testing.T) {
 		// The meta and the note, both at +inf, sort last.
 		meta, err := be.rdb.ZRange(ctx, dense.RedisKey("k"), -2, -1).Result()
 		require.NoError(t, err)
-		require.Contains(t, meta, "w7 100000 10000000 50 10000000", "the meta (grid, longest window, densest writer) and the note")
+		require.Contains(t, meta, "w8 100000 10000000 50 10000000", "the meta (grid, longest window, densest writer) and the note")
 	})
 }
 

@@ -20,31 +20,34 @@
 -- to Redis go through string.format('%d'), as Lua's own conversion keeps
 -- only 14 digits; bucket indexes (at most 13 digits) need not.
 --
--- State (format 7, docs/internals.md): a sorted set. One member per
--- nonempty bucket of the key's grid G: score the bucket's index
--- (floor(µs / G), in the key's time: see clock), member the decimal count
--- of every permit granted on the key up to and including that bucket
--- (cumulative, so members are unique and the count in any span of buckets
--- is one subtraction). And the note, score +inf:
---   "<kind>~T base C", then "+O" unless O is 0, then " T-f cb ni-f" per
+-- State (format 8, docs/internals.md): a sorted set whose scores keep its
+-- members in order. The note, score the count of every permit granted on
+-- the key, so that a grant in the tail's bucket changes one score, and
+-- member what the decision reads:
+--   "<kind>:T base C", then "+O" unless O is 0, then " T-f cb ni-f" per
 --   remembered window
--- T the tail (the last bucket granted in); base the cumulative count of the
--- last bucket trimmed away; C the first bucket index still fully known; O
--- how far (µs) the key's time is ahead of the clock. A remembered window
--- starting at bucket f holds the count of every permit granted before f
--- (cb) and the first bucket from f on that holds a permit (ni): facts about
--- buckets before the tail, which no later grant changes, so a call whose
--- windows start from f to ni reads no bucket. Under WithPrefix, also the
--- meta, score +inf, which sorts before the note:
---   "<kind>7 G R Ln Wn"
+-- Every bucket before the tail T (the last bucket granted in) that holds a
+-- permit: score BUCKET0 + the bucket's index on the key's grid G
+-- (floor(µs / G), in the key's time: see clock), member the decimal count
+-- of every permit granted up to and including that bucket (cumulative, so
+-- members are unique and the count in any span of buckets is one
+-- subtraction). base is the cumulative count of the last bucket trimmed
+-- away; C the first bucket index still fully known; O how far (µs) the
+-- key's time is ahead of the clock. A remembered window starting at bucket
+-- f holds the count of every permit granted before f (cb) and the first
+-- bucket from f on that holds a permit (ni): facts about buckets before
+-- the tail, which no later grant changes, so a call whose windows start
+-- from f to ni reads no bucket. Under WithPrefix, also one member per
+-- configuration that granted, score ENTRY0 + until, text "P L_1 S_1 L_2
+-- S_2 ...": its strategies bind every call until its last grant leaves its
+-- longest window (until, in µs of the key's time); and the meta, score
+-- +inf:
+--   "<kind>8 G R Ln Wn"
 -- G the grid (µs, the first writer's precision); R the longest window (µs)
 -- of any configuration that granted; Ln per Wn µs the densest strategy of
--- any configuration that granted. And one member per configuration that
--- granted, score -until, text "P L_1 S_1 L_2 S_2 ...": its strategies bind
--- every call until its last grant leaves its longest window (until, in µs
--- of the key's time). A default key, which only one configuration ever
--- reads, keeps neither: its grid, windows and densest strategy are its
--- configuration's.
+-- any configuration that granted. A default key, which only one
+-- configuration ever reads, keeps neither: its grid, windows and densest
+-- strategy are its configuration's.
 --
 -- The reply is six integers: allowed (0/1), remaining, retry-after µs (-1:
 -- never), reset-after µs, the index of the strategy reported, and stable µs:
@@ -52,16 +55,18 @@
 -- counting down (the deny cache's bound).
 --
 -- How it reads: the steps of a decision are the sections below, in order:
--- read_args, read_state, clock, check (one function, run for every
--- strategy that binds the call), decide, apply, write, reply. Redis builds
--- every function and table of a script anew on each call, so the steps
--- are sections of one chunk, and the common paths build no table but the
--- remembered windows' list.
+-- read_args, read_state, clock, strategies, check (run for each strategy),
+-- decide, apply, write, reply. Redis builds every function anew on each
+-- call, and one that uses the chunk's locals costs it about what a small
+-- command does (callgrind): the steps are sections of one chunk, and the
+-- few functions take what they need as arguments.
 
 local KEY, KIND = KEYS[1], ARGV[3]
 local find, match, format = string.find, string.match, string.format
--- Above every bucket index (they stay below 2^52 / 1000), below the meta.
-local LAST = '9007199254740992'
+-- The scores: the note's is below 2^48 (a count), a bucket's is 2^48 +
+-- its index (below 2^41), an entry's is 2^52 + a time (µs, below 2^52),
+-- all exact below 2^53; they go to Redis through %d.
+local BUCKET0, ENTRY0 = 281474976710656, 4503599627370496
 -- Most buckets one call reads to find a RetryAfter, or trims.
 local SCAN = 8
 
@@ -104,43 +109,43 @@ local shared = last % 2 == 1
 if shared then last = last - 1 end
 local smallest, window = ARGV[5] + 0, ARGV[last] * P
 
--- read_state: the note, the meta under WithPrefix, and the tail's member,
--- in one ZRANGE; or an empty key's state (no tail: T = -1). The meta's
--- numbers default to this configuration's grid and longest window (and,
--- when needed, its densest strategy). The note's remembered windows start
--- at its character remembered; a strategy reads them where it looks for
--- its own. A state in
--- the previous released format (format 6, or a hash with "W4" or "L4" in
--- field m) reads as empty, and the first grant replaces it.
-local note, meta, tail_member, remembered = nil, nil, nil, 1
+-- read_state: the note and its score, the key's lowest member; under
+-- WithPrefix, then the entries and the meta; or an empty key's state (no
+-- tail: T = -1). The meta's numbers default to this configuration's grid
+-- and longest window (and, when needed, its densest strategy). The note's
+-- remembered windows start at its character remembered; a strategy reads
+-- them where it looks for its own. A state in a previous released format
+-- (a sorted set whose last member is a format 7 note or a format 6 meta,
+-- or a hash with "W4" or "L4" in field m) reads as empty, and the first
+-- grant replaces it.
+local note, meta, remembered = nil, nil, 1
 local G, R, Ln, Wn = P, window, nil, nil
 local T, base, C, O, cum = -1, 0, 0, 0, 0
 local entries, old, foreign = nil, false, nil
-local rows = redis.pcall('ZRANGE', KEY, shared and '-3' or '-2', '-1')
+local rows = redis.pcall('ZRANGE', KEY, '0', '0', 'WITHSCORES')
 if rows.err then
   local m = redis.pcall('HGET', KEY, 'm')
   old = type(m) == 'string' and find(m, '^' .. string.upper(KIND) .. '4 ') ~= nil
   if not old then foreign = 'another type than sliding state' end
-elseif #rows > 0 then
-  local i = #rows
-  local kind, t, b, c, o, at = match(rows[i], '^(%a)~(%d+) (%d+) (%d+)%+?(%d*)()')
+elseif rows[1] then
+  local kind, t, b, c, o, at = match(rows[1], '^(%a):(%d+) (%d+) (%d+)%+?(%d*)()')
   if kind == KIND then
-    note, T, base, C, remembered = rows[i], t + 0, b + 0, c + 0, at
+    -- base and C stay text until a call needs them: few do.
+    note, T, base, C, remembered, cum = rows[1], t + 0, b, c, at, tonumber(rows[2])
     if o ~= '' then O = o + 0 end
-    i = i - 1
+    if not (cum and cum >= 0 and cum < BUCKET0) then foreign = 'a sorted set that is not sliding state' end
     if shared then
-      local k, g, r, ln, wn = match(rows[i] or '', '^(%a)7 (%d+) (%d+) (%d+) (%d+)$')
-      if k == KIND then meta, G, R, Ln, Wn, i = rows[i], g + 0, r + 0, ln + 0, wn + 0, i - 1 end
-      entries = redis.call('ZRANGEBYSCORE', KEY, '-inf', '(0', 'WITHSCORES')
+      entries = redis.call('ZRANGEBYSCORE', KEY, format('%d', ENTRY0), '+inf', 'WITHSCORES')
+      local k, g, r, ln, wn = match(entries[#entries - 1] or '', '^(%a)8 (%d+) (%d+) (%d+) (%d+)$')
+      if k == KIND then meta, G, R, Ln, Wn = entries[#entries - 1], g + 0, r + 0, ln + 0, wn + 0 end
     end
-    -- The tail's member; under WithPrefix a configuration's when no bucket
-    -- is left, which is no number.
-    cum = tonumber(rows[i])
-    if cum then tail_member = rows[i] else cum = base end
-  elseif find(rows[i], '^' .. KIND .. '6 %d+ %d+ %d+ %d+ %d+ %d+$') then
-    old = true
   else
-    foreign = 'a sorted set that is not sliding state'
+    local last = redis.call('ZRANGE', KEY, '-1', '-1')[1]
+    if find(last, '^' .. KIND .. '6 %d+ %d+ %d+ %d+ %d+ %d+$') or find(last, '^' .. KIND .. '~%d+ %d+ %d+[%d +]*$') then
+      old = true
+    else
+      foreign = 'a sorted set that is not sliding state'
+    end
   end
 end
 if foreign then return redis.error_reply('NOTOURS holds ' .. foreign .. ', not redlimit state; it was left unchanged') end
@@ -178,8 +183,8 @@ for i = 7, last, 2 do
 end
 if entries then
   sig = table.concat(ARGV, ' ', 4, last)
-  for j = 1, #entries, 2 do
-    local text, till = entries[j], -entries[j + 1]
+  for j = 1, #entries - (meta and 2 or 0), 2 do
+    local text, till = entries[j], entries[j + 1] - ENTRY0
     if text == sig then
       own_until = till
     elseif till > now then
@@ -232,13 +237,14 @@ local denied, reported, retry, fresh, kept = false, nil, 0, nil, 0
 for k = 1, #strategies, 4 do
   local L, S, p, index = strategies[k], strategies[k + 1], strategies[k + 2], strategies[k + 3]
   local ws = now - now % p - (S - 1) * p
-  local first = idiv(ws, G)
+  local first = (ws - ws % G) / G
   local before, next_bucket, known, hit = cum, false, true, false
+  local stop = note and #note or 0
   if T >= first then
     -- The remembered windows, " T-f cb ni-f" each; the one used is
     -- kept, as the sum of their j = 1, 2, 4, ... in turn.
     local at, j = remembered, 1
-    while not hit and note and at < #note do
+    while not hit and at < stop do
       local _, to, d, cb, e = find(note, '^ (%d+) (%d+) (%d+)', at)
       local f = T - d
       local ni = f + e
@@ -249,11 +255,11 @@ for k = 1, #strategies, 4 do
       at, j = to + 1, 2 * j
     end
     if not hit then
-      local row = redis.call('ZREVRANGEBYSCORE', KEY, format('(%d', first), '0', 'LIMIT', '0', '1')
-      before = base
+      local row = redis.call('ZREVRANGEBYSCORE', KEY, format('(%d', BUCKET0 + first), format('%d', BUCKET0), 'LIMIT', '0', '1')
+      before = base + 0
       if row[1] then
         before = row[1] + 0
-      elseif first < C then
+      elseif first < C + 0 then
         if not Ln then Ln, Wn = densest(P, last) end
         before, known = base - math.min(base, Ln * (idiv(C * G - ws + Wn - 1, Wn) + 1)), false
       end
@@ -269,8 +275,9 @@ for k = 1, #strategies, 4 do
   if left < fewest then fewest = left end
   if left < 0 then left = 0 end
   if index > 0 and left < own_fewest then own_fewest, own_index = left, index end
-  local ends = leaves(T, G, S, p)
-  if ends > tail_leaves then tail_leaves = ends end
+  local tail_ends, ends = leaves(T, G, S, p), nil
+  if tail_ends > tail_leaves then tail_leaves = tail_ends end
+  ends = tail_ends
   if b ~= T then ends = leaves(b, G, S, p) end
   if ends > b_leaves then b_leaves = ends end
 
@@ -281,19 +288,21 @@ for k = 1, #strategies, 4 do
     if next_bucket then change = leaves(next_bucket, G, S, p) - now end
     if count + n > L then
       denied = true
-      local after, target = leaves(T, G, S, p) - now, cum + n - L
+      local after, target = tail_ends - now, cum + n - L
       if known and next_bucket and target <= before + 1 then
         -- The first bucket holds a permit at least: it reaches before + 1.
         after = change
       elseif known then
         -- Each bucket holds a permit at least, so the one reaching target
-        -- is among the window's first count + n - L.
+        -- is among the window's first count + n - L: the buckets before
+        -- the tail, then the tail (after's first value).
         local need = count + n - L
         if need > SCAN then need = SCAN end
-        local got = redis.call('ZRANGEBYSCORE', KEY, first, LAST, 'WITHSCORES', 'LIMIT', '0', need)
-        if got[2] then change = leaves(got[2] + 0, G, S, p) - now end
+        local got = redis.call('ZRANGEBYSCORE', KEY, format('%d', BUCKET0 + first), format('(%d', ENTRY0), 'WITHSCORES', 'LIMIT', '0', need)
+        change = after
+        if got[2] then change = leaves(got[2] - BUCKET0, G, S, p) - now end
         for j = #got - 1, 1, -2 do
-          if got[j] + 0 >= target then after = leaves(got[j + 1] + 0, G, S, p) - now end
+          if got[j] + 0 >= target then after = leaves(got[j + 1] - BUCKET0, G, S, p) - now end
         end
       end
       if not reported or after > retry then reported, retry = index, after end
@@ -318,14 +327,14 @@ end
 local granted = allowed and n > 0
 
 -- apply: a grant is n more in bucket b, which is now's. The note changes
--- when the tail moves, a window no grant saw is remembered (with its first
--- bucket holding a permit: read once here, b when none held one before),
--- or a trim moves base and C; under WithPrefix the meta (static) when
--- there is none yet, or R or the densest writer changed. The TTL runs
--- until the tail leaves the longest window of every configuration, and is
--- set when the tail or that window moves, or the key's time did.
-local member, old_member, note_changed, static, expire = nil, nil, moved, false, moved
-if moved then member = tail_member end
+-- when the tail moves (the old tail's bucket becomes a member), a window
+-- no grant saw is remembered (with its first bucket holding a permit: read
+-- once here, b when none held one before), or a trim moves base and C;
+-- under WithPrefix the meta (static) when there is none yet, or R or the
+-- densest writer changed. The TTL runs until the tail leaves the longest
+-- window of every configuration, and is set when the tail or that window
+-- moves, or the key's time did.
+local note_changed, static, expire = moved, false, moved
 if granted then
   if old then redis.call('DEL', KEY) end
   if shared then
@@ -343,38 +352,38 @@ if granted then
   -- spares most grants its read. base and C remember where they were;
   -- counts never depend on it (a difference of cumulative counts).
   if T ~= b and idiv(cum + n, SCAN) > idiv(cum, SCAN) then
-    local trimmed = redis.call('ZRANGEBYSCORE', KEY, '0', format('(%d', idiv(now - R, G)), 'WITHSCORES', 'LIMIT', '0', SCAN)
+    local trimmed = redis.call('ZRANGEBYSCORE', KEY, format('%d', BUCKET0), format('(%d', BUCKET0 + idiv(now - R, G)), 'WITHSCORES', 'LIMIT', '0', SCAN)
     if #trimmed > 0 then
-      redis.call('ZREMRANGEBYSCORE', KEY, '0', trimmed[#trimmed])
-      base, C, note_changed = trimmed[#trimmed - 1] + 0, trimmed[#trimmed] + 1, true
+      redis.call('ZREMRANGEBYSCORE', KEY, format('%d', BUCKET0), trimmed[#trimmed])
+      base, C, note_changed = trimmed[#trimmed - 1], trimmed[#trimmed] - BUCKET0 + 1, true
     end
   end
-  if fresh then
+  for j = 1, (fresh and #fresh or 0), 3 do
+    local first = fresh[j]
     note_changed = true
-    for j = 1, #fresh, 3 do
-      local first = fresh[j]
-      if T >= first then
-        local got = redis.call('ZRANGEBYSCORE', KEY, first, LAST, 'WITHSCORES', 'LIMIT', '0', '1')
-        if got[2] then fresh[j + 2] = got[2] + 0 end
-      end
+    if T >= first then
+      local got = redis.call('ZRANGEBYSCORE', KEY, format('%d', BUCKET0 + first), format('(%d', ENTRY0), 'WITHSCORES', 'LIMIT', '0', '1')
+      fresh[j + 2] = T
+      if got[2] then fresh[j + 2] = got[2] - BUCKET0 end
     end
   end
-  -- A grant in the tail's bucket replaces its member.
-  if T == b then old_member = tail_member end
-  member = format('%d', cum + n)
 end
 
--- write: bucket b's member, the note when it changed (the tail b, base, C,
--- O and the windows remembered that this call used) and the meta when
+-- write: a grant's count in the note's score; the note when it changed
+-- (the tail b, base, C, O and the windows remembered that this call used),
+-- with the old tail's bucket when the tail moved, and the meta when
 -- static. A denial or n == 0 writes only when O grew (clock), best effort.
 -- The old members go after the new ones are in: a set left empty even for
 -- a moment is a deleted key, and the new one would carry no TTL; a note
 -- gone without its successor would leave a key nobody reads as ours.
-if member then
-  local call, gone, new_note, new_meta = redis.call, {old_member}, nil, nil
-  if not granted then call = redis.pcall end
-  if note_changed then
-    local text = {format('%s~%d %d %d', KIND, b, base, C)}
+if granted or moved then
+  local call, total = redis.pcall, cum
+  if granted then call, total = redis.call, cum + n end
+  local score = format('%d', total)
+  if not note_changed then
+    call('ZADD', KEY, score, note)
+  else
+    local text = {format('%s:%d %s %s', KIND, b, base, C)}
     if O > 0 then text[2] = format('+%d', O) end
     local at, j = remembered, 1
     while note and at < #note do
@@ -385,27 +394,24 @@ if member then
     for j = 1, (granted and fresh and #fresh or 0), 3 do
       text[#text + 1] = format(' %d %d %d', b - fresh[j], fresh[j + 1], fresh[j + 2] - fresh[j])
     end
-    new_note = table.concat(text)
-    if note and note ~= new_note then gone[#gone + 1] = note end
+    local args, gone = {'ZADD', KEY, score, table.concat(text)}, {}
+    if note and note ~= args[4] then gone[1] = note end
+    if T ~= b and T >= 0 then args[5], args[6] = format('%d', BUCKET0 + T), format('%d', cum) end
+    if static then
+      local new_meta = format('%s8 %d %d %d %d', KIND, G, R, Ln, Wn)
+      args[#args + 1], args[#args + 2] = '+inf', new_meta
+      if meta and meta ~= new_meta then gone[#gone + 1] = meta end
+    end
+    local written = call(unpack(args))
+    if type(written) == 'number' and #gone > 0 then call('ZREM', KEY, unpack(gone)) end
   end
-  local written
-  if static then
-    new_meta = format('%s7 %d %d %d %d', KIND, G, R, Ln, Wn)
-    if meta and meta ~= new_meta then gone[#gone + 1] = meta end
-    written = call('ZADD', KEY, b, member, '+inf', new_note, '+inf', new_meta)
-  elseif new_note then
-    written = call('ZADD', KEY, b, member, '+inf', new_note)
-  else
-    written = call('ZADD', KEY, b, member)
-  end
-  if type(written) == 'number' and #gone > 0 then call('ZREM', KEY, unpack(gone)) end
 end
 if granted then
   -- This configuration's entry, and the others' that lapsed.
   if shared then
     local till = leaves(b, G, ARGV[last] + 0, P)
-    if till ~= own_until then redis.call('ZADD', KEY, format('%d', -till), sig or table.concat(ARGV, ' ', 4, last)) end
-    if T ~= b then redis.call('ZREMRANGEBYSCORE', KEY, format('%d', -now), '(0') end
+    if till ~= own_until then redis.call('ZADD', KEY, format('%d', ENTRY0 + till), sig or table.concat(ARGV, ' ', 4, last)) end
+    if T ~= b then redis.call('ZREMRANGEBYSCORE', KEY, format('%d', ENTRY0), format('%d', ENTRY0 + now)) end
   end
   if expire then redis.call('PEXPIRE', KEY, idiv((b + 1) * G + R - now + 999, 1000)) end
   tail_leaves = b_leaves
