@@ -41,18 +41,23 @@ type advState struct {
 }
 
 // writeLog writes a sliding-window state directly, in the layout
-// scripts/sliding.lua keeps: one-permit buckets at the given indices
-// (ascending), each member the cumulative count, and the meta. Building a
-// million buckets through the limiter would take a million round trips.
-// cursor and total are kept for the callers: every bucket counts.
+// scripts/sliding.lua keeps (format 8, docs/internals.md): one-permit
+// buckets at the given indices (ascending), the last of them the tail,
+// which lives in the note; each other bucket a member of score 2^48 +
+// index and the cumulative count as text; the note, scored by the total;
+// and the meta of a WithPrefix key. Building a million buckets through the
+// limiter would take a million round trips. cursor and total are kept for
+// the callers: every bucket counts.
 func writeLog(e *environment, key string, indices []int64, cursor int64, total int64) error {
 	_, _ = cursor, total
+	const bucket0 = 1 << 48
 	pipe := e.admin.Pipeline()
 	pipe.Del(e.ctx, key)
 	members := make([]redis.Z, 0, 2000)
-	for i, idx := range indices {
-		members = append(members, redis.Z{Score: float64(idx), Member: strconv.Itoa(i + 1)})
-		if len(members) == cap(members) || i == len(indices)-1 {
+	last := len(indices) - 1
+	for i, idx := range indices[:last] {
+		members = append(members, redis.Z{Score: float64(bucket0 + idx), Member: strconv.Itoa(i + 1)})
+		if len(members) == cap(members) || i == last-1 {
 			pipe.ZAdd(e.ctx, key, members...)
 			members = members[:0:0]
 			// A pipeline of a million members outlasts the write timeout.
@@ -63,8 +68,9 @@ func writeLog(e *environment, key string, indices []int64, cursor int64, total i
 			}
 		}
 	}
-	meta := fmt.Sprintf("w6 %d %d %d %d 0 0", advPrecision.Microseconds(), advWindow.Microseconds(), int64(advLimit), advWindow.Microseconds())
-	pipe.ZAdd(e.ctx, key, redis.Z{Score: math.Inf(1), Member: meta})
+	note := fmt.Sprintf("w:%d 0 0", indices[last])
+	meta := fmt.Sprintf("w8 %d %d %d %d", advPrecision.Microseconds(), advWindow.Microseconds(), int64(advLimit), advWindow.Microseconds())
+	pipe.ZAdd(e.ctx, key, redis.Z{Score: float64(len(indices)), Member: note}, redis.Z{Score: math.Inf(1), Member: meta})
 	pipe.PExpire(e.ctx, key, 3*advWindow)
 	_, err := pipe.Exec(e.ctx)
 	return err

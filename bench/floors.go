@@ -25,26 +25,23 @@ const stringHot = `redis.call('TIME')
 if not redis.call('GET', KEYS[1]) then redis.call('SET', KEYS[1], ARGV[1], 'PX', 1000) end
 return ARGV[2]`
 
-// slidingHot is the hot path of the sliding state (format 7): TIME, the
-// tail, the note and (under WithPrefix) the meta in one ZRANGE, a denial
-// (no write). The windows the note remembers spare the real path any other
-// read.
+// slidingHot is the hot path of the sliding state (format 8): TIME, the
+// note and its score (the key's count) in one ZRANGE, a denial (no write).
+// The windows the note remembers spare the real path any other read.
 const slidingHot = `redis.call('TIME')
-if #redis.call('ZRANGE', KEYS[1], -3, -1) == 0 then
-  redis.call('ZADD', KEYS[1], 1, '5', '+inf', ARGV[1]) redis.call('PEXPIRE', KEYS[1], 1000)
+if #redis.call('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES') == 0 then
+  redis.call('ZADD', KEYS[1], 5, ARGV[1]) redis.call('PEXPIRE', KEYS[1], 1000)
 end
 return ARGV[2]`
 
-// slidingAllow is a grant in the tail's bucket: TIME, ZRANGE, the tail's
-// member replaced (ZADD the new count, ZREM the old). With constant
-// members the ZADD finds its member there after the first call and the
-// ZREM finds none, both a little cheaper than the real ones.
+// slidingAllow is a grant in the tail's bucket: TIME, the note and its
+// score, and the new count as the note's score (one ZADD).
 const slidingAllow = `redis.call('TIME')
-if #redis.call('ZRANGE', KEYS[1], -3, -1) < 2 then
-  redis.call('ZADD', KEYS[1], '+inf', ARGV[1]) redis.call('PEXPIRE', KEYS[1], 60000)
+local rows = redis.call('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES')
+if #rows == 0 then
+  rows = {ARGV[1], '0'} redis.call('PEXPIRE', KEYS[1], 60000)
 end
-redis.call('ZADD', KEYS[1], 1, '299166667')
-redis.call('ZREM', KEYS[1], '299166666')
+redis.call('ZADD', KEYS[1], string.format('%d', rows[2] + 1), rows[1])
 return ARGV[2]`
 
 // floorScripts maps algorithm → workload → floor script. ARGV[1] is a
@@ -81,12 +78,12 @@ return ARGV[2]`, "17950000000000002", "1 999999 0 60 0 60"},
 		"hot": {stringHot, "17950000000000002", "0 0 9876 999999 0 9876"},
 	},
 	"sliding_window": {
-		"allow": {slidingAllow, "w~299166 0 0 9 0 9", "1 999988 0 60000000 0 0"},
-		"hot":   {slidingHot, "w~299166 0 0 9 0 9", "0 0 59211562 59211562 0 211562"},
+		"allow": {slidingAllow, "w:299166 0 0 9 0 9", "1 999988 0 60000000 0 0"},
+		"hot":   {slidingHot, "w:299166 0 0 9 0 9", "0 0 59211562 59211562 0 211562"},
 	},
 	"sliding_log": {
-		"allow": {slidingAllow, "l~299166 0 0 9 0 9 99 0 99", "1 999988 0 600000000 0 0"},
-		"hot":   {slidingHot, "l~299166 0 0 9 0 9 99 0 99", "0 0 59211562 590211562 0 211562"},
+		"allow": {slidingAllow, "l:299166 0 0 9 0 9 99 0 99", "1 999988 0 600000000 0 0"},
+		"hot":   {slidingHot, "l:299166 0 0 9 0 9 99 0 99", "0 0 59211562 590211562 0 211562"},
 	},
 }
 

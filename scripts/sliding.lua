@@ -118,7 +118,7 @@ local smallest, window = ARGV[5] + 0, ARGV[last] * P
 -- (a sorted set whose last member is a format 7 note or a format 6 meta,
 -- or a hash with "W4" or "L4" in field m) reads as empty, and the first
 -- grant replaces it.
-local note, meta, remembered = nil, nil, 1
+local note, meta, remembered = '', nil, 1
 local G, R, Ln, Wn = P, window, nil, nil
 local T, base, C, O, cum = -1, 0, 0, 0, 0
 local entries, old, foreign = nil, false, nil
@@ -131,13 +131,16 @@ elseif rows[1] then
   local kind, t, b, c, o, at = match(rows[1], '^(%a):(%d+) (%d+) (%d+)%+?(%d*)()')
   if kind == KIND then
     -- base and C stay text until a call needs them: few do.
-    note, T, base, C, remembered, cum = rows[1], t + 0, b, c, at, tonumber(rows[2])
+    note, T, base, C, remembered, cum = rows[1], t + 0, b, c, at, rows[2] + 0
     if o ~= '' then O = o + 0 end
-    if not (cum and cum >= 0 and cum < BUCKET0) then foreign = 'a sorted set that is not sliding state' end
+    if not (cum >= 0 and cum < BUCKET0) then foreign = 'a sorted set that is not sliding state' end
     if shared then
       entries = redis.call('ZRANGEBYSCORE', KEY, format('%d', ENTRY0), '+inf', 'WITHSCORES')
       local k, g, r, ln, wn = match(entries[#entries - 1] or '', '^(%a)8 (%d+) (%d+) (%d+) (%d+)$')
-      if k == KIND then meta, G, R, Ln, Wn = entries[#entries - 1], g + 0, r + 0, ln + 0, wn + 0 end
+      if k == KIND then
+        meta, G, R, Ln, Wn = entries[#entries - 1], g + 0, r + 0, ln + 0, wn + 0
+        entries[#entries], entries[#entries - 1] = nil, nil
+      end
     end
   else
     local last = redis.call('ZRANGE', KEY, '-1', '-1')[1]
@@ -183,7 +186,7 @@ for i = 7, last, 2 do
 end
 if entries then
   sig = table.concat(ARGV, ' ', 4, last)
-  for j = 1, #entries - (meta and 2 or 0), 2 do
+  for j = 1, #entries, 2 do
     local text, till = entries[j], entries[j + 1] - ENTRY0
     if text == sig then
       own_until = till
@@ -233,13 +236,13 @@ end
 -- count is partly unknown, it is the time the tail leaves: longer than the
 -- truth, never shorter.
 local fewest, own_fewest, own_index, tail_leaves, b_leaves = math.huge, math.huge, 1, 0, 0
-local denied, reported, retry, fresh, kept = false, nil, 0, nil, 0
+local denied, reported, retry, fresh, kept = false, nil, -1, nil, 0
 for k = 1, #strategies, 4 do
   local L, S, p, index = strategies[k], strategies[k + 1], strategies[k + 2], strategies[k + 3]
   local ws = now - now % p - (S - 1) * p
   local first = (ws - ws % G) / G
   local before, next_bucket, known, hit = cum, false, true, false
-  local stop = note and #note or 0
+  local stop = #note
   if T >= first then
     -- The remembered windows, " T-f cb ni-f" each; the one used is
     -- kept, as the sum of their j = 1, 2, 4, ... in turn.
@@ -305,7 +308,7 @@ for k = 1, #strategies, 4 do
           if got[j] + 0 >= target then after = leaves(got[j + 1] - BUCKET0, G, S, p) - now end
         end
       end
-      if not reported or after > retry then reported, retry = index, after end
+      if after > retry then reported, retry = index, after end
     end
     if change < stable then stable = change end
   end
@@ -325,6 +328,8 @@ elseif denied then
   if reported == 0 then reported = own_index end
 end
 local granted = allowed and n > 0
+-- Only a grant remembers windows.
+if not granted then fresh = nil end
 
 -- apply: a grant is n more in bucket b, which is now's. The note changes
 -- when the tail moves (the old tail's bucket becomes a member), a window
@@ -340,11 +345,11 @@ if granted then
   if shared then
     local Ld, Wd = densest(P, last)
     if not Ln then Ln, Wn = Ld, Wd end
-    static = old or not meta or window > R or Ld * Wn > Ln * Wd
+    static = not meta or window > R or Ld * Wn > Ln * Wd
     if Ld * Wn > Ln * Wd then Ln, Wn = Ld, Wd end
   end
-  note_changed = note_changed or static or not note or T ~= b
-  expire = expire or old or T ~= b or window > R
+  note_changed = note_changed or static or T ~= b
+  expire = expire or T ~= b or window > R
   if window > R then R = window end
   -- Buckets that left the longest window of every configuration go, SCAN
   -- at most, on a grant that opens a bucket and passes a multiple of SCAN
@@ -358,13 +363,15 @@ if granted then
       base, C, note_changed = trimmed[#trimmed - 1], trimmed[#trimmed] - BUCKET0 + 1, true
     end
   end
-  for j = 1, (fresh and #fresh or 0), 3 do
-    local first = fresh[j]
+  if fresh then
     note_changed = true
-    if T >= first then
-      local got = redis.call('ZRANGEBYSCORE', KEY, format('%d', BUCKET0 + first), format('(%d', ENTRY0), 'WITHSCORES', 'LIMIT', '0', '1')
-      fresh[j + 2] = T
-      if got[2] then fresh[j + 2] = got[2] - BUCKET0 end
+    for j = 1, #fresh, 3 do
+      local first = fresh[j]
+      if T >= first then
+        local got = redis.call('ZRANGEBYSCORE', KEY, format('%d', BUCKET0 + first), format('(%d', ENTRY0), 'WITHSCORES', 'LIMIT', '0', '1')
+        fresh[j + 2] = T
+        if got[2] then fresh[j + 2] = got[2] - BUCKET0 end
+      end
     end
   end
 end
@@ -386,16 +393,16 @@ if granted or moved then
     local text = {format('%s:%d %s %s', KIND, b, base, C)}
     if O > 0 then text[2] = format('+%d', O) end
     local at, j = remembered, 1
-    while note and at < #note do
+    while at < #note do
       local _, to, d, cb, e = find(note, '^ (%d+) (%d+) (%d+)', at)
       if kept % (2 * j) >= j then text[#text + 1] = format(' %d %s %s', b - T + d, cb, e) end
       at, j = to + 1, 2 * j
     end
-    for j = 1, (granted and fresh and #fresh or 0), 3 do
+    for j = 1, fresh and #fresh or 0, 3 do
       text[#text + 1] = format(' %d %d %d', b - fresh[j], fresh[j + 1], fresh[j + 2] - fresh[j])
     end
     local args, gone = {'ZADD', KEY, score, table.concat(text)}, {}
-    if note and note ~= args[4] then gone[1] = note end
+    if note ~= '' and note ~= args[4] then gone[1] = note end
     if T ~= b and T >= 0 then args[5], args[6] = format('%d', BUCKET0 + T), format('%d', cum) end
     if static then
       local new_meta = format('%s8 %d %d %d %d', KIND, G, R, Ln, Wn)
