@@ -1,14 +1,9 @@
 package redlimit
 
-// Tests of the sliding state (scripts/sliding.lua, docs/internals_sliding.md):
-// the findings of the shared-state review as regression tests, and the
+// Tests of the sliding state (scripts/sliding.lua, docs/internals.md): the
+// findings of the shared-state review as regression tests, and the
 // properties every configuration sharing a key keeps. The script's size is
-// counted by:
-//
-//	python3 -c 'import re,sys; t=open(sys.argv[1]).read(); t=re.sub(r"--\[(=*)\[.*?\]\1\]","",t,flags=re.S); t=re.sub(r"--[^\n]*","",t); t=re.sub(r"\[(=*)\[.*?\]\1\]","\"\"",t,flags=re.S); t=re.sub(r"\"(\\.|[^\"\\])*\"","\"\"",t); t=re.sub(r"'"'"'(\\.|[^'"'"'\\])*'"'"'","\"\"",t); print(t.count("\n")+0, len(open(sys.argv[1]).read().splitlines()), len(re.findall(r"\b(if|elseif|while|for|repeat|and|or)\b",t)))' scripts/sliding.lua
-//
-// (code lines, lines, decision points; the same counter as the project's
-// before-stop hook).
+// counted by `bash scripts/size.sh`.
 
 import (
 	"context"
@@ -21,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/model"
+	"github.com/redlimit/redlimit/internal/redistest"
 )
 
 type slidingMaker func(rdb redis.Scripter, opts ...Option) (Limiter, error)
@@ -531,4 +527,45 @@ func TestSlidingDenyCacheFieldForField(t *testing.T) {
 		}
 		require.Positive(t, local, "the deny cache answered some calls")
 	})
+}
+
+// The Redis commands of a sliding decision on a key its windows have
+// seen: a grant in the tail's bucket reads the note and writes its score,
+// ZRANGE and ZADD; a denial only reads. On a server of its own: INFO
+// commandstats counts every client's commands.
+func TestSlidingCommandsPerDecision(t *testing.T) {
+	skipShort(t, "starts a redis-server")
+	t.Parallel()
+	rdb := newClient(t, redistest.Start(t).Addr(), 0)
+	ctx := context.Background()
+	clock := newClock()
+	window, err := NewSlidingWindow(rdb, 100, time.Minute, time.Second, WithClock(clock.Now))
+	require.NoError(t, err)
+	log, err := NewSlidingLog(rdb, time.Second, []Strategy{{100, time.Minute}, {1000, time.Hour}}, WithClock(clock.Now))
+	require.NoError(t, err)
+	for _, l := range []Limiter{window, log} {
+		r, err := l.Allow(ctx, "k") // the first grant writes the whole state
+		require.NoError(t, err)
+		require.True(t, r.Allowed)
+		before := cmdCalls(t, rdb)
+		for range 98 { // grants in the tail's bucket, up to the limit
+			clock.Advance(time.Millisecond)
+			r, err := l.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.True(t, r.Allowed)
+		}
+		for range 20 { // denials
+			r, err := l.AllowN(ctx, "k", 2)
+			require.NoError(t, err)
+			require.False(t, r.Allowed)
+		}
+		after := cmdCalls(t, rdb)
+		delta := map[string]int64{}
+		for name, n := range after {
+			if d := n - before[name]; d > 0 && name != "info" && name != "evalsha" {
+				delta[name] = d
+			}
+		}
+		require.Equal(t, map[string]int64{"zrange": 118, "zadd": 98}, delta, "%T: one read a decision, one write a grant", l)
+	}
 }

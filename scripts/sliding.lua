@@ -107,19 +107,19 @@ end
 local last = #ARGV
 local shared = last % 2 == 1
 if shared then last = last - 1 end
-local smallest, window = ARGV[5] + 0, ARGV[last] * P
+local smallest = ARGV[5] + 0
 
 -- read_state: the note and its score, the key's lowest member; under
 -- WithPrefix, then the entries and the meta; or an empty key's state (no
 -- tail: T = -1). The meta's numbers default to this configuration's grid
--- and longest window (and, when needed, its densest strategy). The note's
+-- and (on a grant) longest window, and its densest strategy. The note's
 -- remembered windows start at its character remembered; a strategy reads
 -- them where it looks for its own. A state in a previous released format
 -- (a sorted set whose last member is a format 7 note or a format 6 meta,
 -- or a hash with "W4" or "L4" in field m) reads as empty, and the first
 -- grant replaces it.
 local note, meta, remembered = '', nil, 1
-local G, R, Ln, Wn = P, window, nil, nil
+local G, R, Ln, Wn = P, nil, nil, nil
 local T, base, C, O, cum = -1, 0, 0, 0, 0
 local entries, old, foreign = nil, false, nil
 local rows = redis.pcall('ZRANGE', KEY, '0', '0', 'WITHSCORES')
@@ -236,13 +236,12 @@ end
 -- count is partly unknown, it is the time the tail leaves: longer than the
 -- truth, never shorter.
 local fewest, own_fewest, own_index, tail_leaves, b_leaves = math.huge, math.huge, 1, 0, 0
-local denied, reported, retry, fresh, kept = false, nil, -1, nil, 0
+local denied, reported, retry, fresh, kept, stop = false, nil, -1, nil, 0, #note
 for k = 1, #strategies, 4 do
   local L, S, p, index = strategies[k], strategies[k + 1], strategies[k + 2], strategies[k + 3]
   local ws = now - now % p - (S - 1) * p
   local first = (ws - ws % G) / G
   local before, next_bucket, known, hit = cum, false, true, false
-  local stop = #note
   if T >= first then
     -- The remembered windows, " T-f cb ni-f" each; the one used is
     -- kept, as the sum of their j = 1, 2, 4, ... in turn.
@@ -342,6 +341,8 @@ if not granted then fresh = nil end
 local note_changed, static, expire = moved, false, moved
 if granted then
   if old then redis.call('DEL', KEY) end
+  local window = ARGV[last] * P
+  R = R or window
   if shared then
     local Ld, Wd = densest(P, last)
     if not Ln then Ln, Wn = Ld, Wd end
@@ -398,8 +399,10 @@ if granted or moved then
       if kept % (2 * j) >= j then text[#text + 1] = format(' %d %s %s', b - T + d, cb, e) end
       at, j = to + 1, 2 * j
     end
-    for j = 1, fresh and #fresh or 0, 3 do
-      text[#text + 1] = format(' %d %d %d', b - fresh[j], fresh[j + 1], fresh[j + 2] - fresh[j])
+    if fresh then
+      for j = 1, #fresh, 3 do
+        text[#text + 1] = format(' %d %d %d', b - fresh[j], fresh[j + 1], fresh[j + 2] - fresh[j])
+      end
     end
     local args, gone = {'ZADD', KEY, score, table.concat(text)}, {}
     if note ~= '' and note ~= args[4] then gone[1] = note end
