@@ -43,14 +43,14 @@ type advState struct {
 // writeLog writes a sliding-window state directly, in the layout
 // scripts/sliding.lua keeps (format 8, docs/internals.md): one-permit
 // buckets at the given indices (ascending), the last of them the tail,
-// which lives in the note; each other bucket a member of score 2^48 +
+// which lives in the note; each other bucket a member of score 2^52 +
 // index and the cumulative count as text; the note, scored by the total;
 // and the meta of a WithPrefix key. Building a million buckets through the
 // limiter would take a million round trips. cursor and total are kept for
 // the callers: every bucket counts.
 func writeLog(e *environment, key string, indices []int64, cursor int64, total int64) error {
 	_, _ = cursor, total
-	const bucket0 = 1 << 48
+	const bucket0 = 1 << 52
 	pipe := e.admin.Pipeline()
 	pipe.Del(e.ctx, key)
 	members := make([]redis.Z, 0, 2000)

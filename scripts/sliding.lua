@@ -16,9 +16,9 @@
 --          configurations (a default key's prefix names its configuration)
 --
 -- Every time and duration is an integer number of µs held in a Lua number
--- (exact below 2^53; the Go side keeps every value below it). Times sent
+-- (exact below 2^53; the Go side keeps every value below it). Scores sent
 -- to Redis go through string.format('%d'), as Lua's own conversion keeps
--- only 14 digits; bucket indexes (at most 13 digits) need not.
+-- only 14 digits.
 --
 -- State (format 8, docs/internals.md): a sorted set whose scores keep its
 -- members in order. The note, score the count of every permit granted on
@@ -63,10 +63,11 @@
 
 local KEY, KIND = KEYS[1], ARGV[3]
 local find, match, format = string.find, string.match, string.format
--- The scores: the note's is below 2^48 (a count), a bucket's is 2^48 +
--- its index (below 2^41), an entry's is 2^52 + a time (µs, below 2^52),
--- all exact below 2^53; they go to Redis through %d.
-local BUCKET0, ENTRY0 = 281474976710656, 4503599627370496
+-- The scores, exact integers below 2^53: the note's is the key's count,
+-- below BUCKET0 = 2^52; a bucket's is BUCKET0 + its index (below 2^44: µs
+-- below 2^53 in buckets of 1ms at least); an entry's is ENTRY0 = 2^52 +
+-- 2^44, plus a time in µs (below 2^52 - 2^44: the year 2112).
+local BUCKET0, ENTRY0 = 4503599627370496, 4521191813414912
 -- Most buckets one call reads to find a RetryAfter, or trims.
 local SCAN = 8
 
@@ -111,8 +112,9 @@ local smallest = ARGV[5] + 0
 
 -- read_state: the note and its score, the key's lowest member; under
 -- WithPrefix, then the entries and the meta; or an empty key's state (no
--- tail: T = -1). The meta's numbers default to this configuration's grid
--- and (on a grant) longest window, and its densest strategy. The note's
+-- tail: T = -1). Without a meta, the grid G is this configuration's
+-- precision, and R (read on a grant) and Ln, Wn (where needed) are its
+-- longest window and densest strategy. The note's
 -- remembered windows start at its character remembered; a strategy reads
 -- them where it looks for its own. A state in a previous released format
 -- (a sorted set whose last member is a format 7 note or a format 6 meta,
@@ -143,8 +145,8 @@ elseif rows[1] then
       end
     end
   else
-    local last = redis.call('ZRANGE', KEY, '-1', '-1')[1]
-    if find(last, '^' .. KIND .. '6 %d+ %d+ %d+ %d+ %d+ %d+$') or find(last, '^' .. KIND .. '~%d+ %d+ %d+[%d +]*$') then
+    local highest = redis.call('ZRANGE', KEY, '-1', '-1')[1]
+    if find(highest, '^' .. KIND .. '6 %d+ %d+ %d+ %d+ %d+ %d+$') or find(highest, '^' .. KIND .. '~%d+ %d+ %d+[%d +]*$') then
       old = true
     else
       foreign = 'a sorted set that is not sliding state'
@@ -227,7 +229,7 @@ end
 -- What the decision and the reply need is gathered as it goes: the fewest
 -- permits left (and the caller's strategy with the fewest), the latest
 -- time the tail (or, on a grant, now's bucket) leaves a window, and for a
--- request of 1 to the smallest limit: whether some strategy denies, the
+-- request of 1 to smallest permits: whether some strategy denies, the
 -- longest RetryAfter and its strategy, and stable, the time until the
 -- first count drops. A denying strategy's RetryAfter is the time the first
 -- bucket whose cumulative count reaches cum + n - L leaves its window. It
