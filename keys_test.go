@@ -147,7 +147,7 @@ func TestDefaultKeyFingerprint(t *testing.T) {
 // configurations in this release.
 var goldenPrefixes = map[string]string{
 	"fw": "redlimit:fw:7vja75:",
-	"sw": "redlimit:sw:omtv16:", // state format 8: the tail's count in the note's score
+	"sw": "redlimit:sw:omtv16:", // state format 8: the key's count in the note's score
 	"sl": "redlimit:sl:ksduop:", // state format 8
 	"lb": "redlimit:lb:jfq72b:",
 	"tb": "redlimit:tb:r0ao0p:",
