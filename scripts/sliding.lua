@@ -194,9 +194,9 @@ if entries then
       own_until = till
     elseif till > now then
       if till - now < stable then stable = till - now end
-      local p, pairs = match(text, '^(%d+)(.*)$')
+      local p, limits = match(text, '^(%d+)(.*)$')
       p = p + 0
-      for L, S in string.gmatch(pairs, ' (%d+) (%d+)') do
+      for L, S in string.gmatch(limits, ' (%d+) (%d+)') do
         local same = false
         if p == P then
           for i = 6, last, 2 do
