@@ -70,12 +70,9 @@ local find, match, format = string.find, string.match, string.format
 local BUCKET0, ENTRY0 = 4503599627370496, 4521191813414912
 -- Most buckets one call reads to find a RetryAfter, or trims.
 local SCAN = 8
-
--- floor(a / b) for b > 0. Exact for |a| < 2^53: a / b is then never
--- rounded to the next integer, so a % b is exact.
-local function idiv(a, b)
-  return (a - a % b) / b
-end
+-- Every floor(a / b) here, written (a - a % b) / b or math.floor(a / b),
+-- is exact: for integers 0 <= a < 2^53 and b >= 1, a / b is never rounded
+-- up to the next integer.
 
 -- The time (µs) bucket k of a grid of g µs leaves the window of S buckets
 -- of p µs: the first window start after the bucket's end, plus the window.
@@ -166,28 +163,25 @@ if foreign then return redis.error_reply('NOTOURS holds ' .. foreign .. ', not r
 -- alike. A call that wrote O reads, and leaves, the key as a call at the
 -- tail's time would: never stricter than without it.
 now = now + O
-local b, moved = idiv(now, G), false
+local b, moved = (now - now % G) / G, false
 if T > b then
   O, now, b, moved = O + (T - b) * G, now + (T - b) * G, T, true
 end
 
--- strategies: the caller's, then those of every other configuration whose
--- last grant is still in its longest window (until > now), in a flat list,
--- four entries each: L, S, p (at most L permits in S buckets of p µs) and
--- the strategy's place among the caller's (0 for another
--- configuration's). While configurations alternate, every grant satisfies
--- all of them. One over the same buckets as one of the caller's is left
--- out: the caller's own limit governs that window, so configurations that
--- differ only in a limit share its count and each applies its own (a plan
--- upgrade keeps what was used). Until the first of them lapses, the
--- strategies that bind stay as they are (stable).
-local strategies, stable, sig, own_until = {smallest, ARGV[6] + 0, P, 1}, math.huge, nil, nil
-for i = 7, last, 2 do
-  local k = #strategies
-  strategies[k + 1], strategies[k + 2], strategies[k + 3], strategies[k + 4] = ARGV[i] + 0, ARGV[i + 1] + 0, P, (i - 3) / 2
-end
+-- strategies: the caller's own, which the check reads from ARGV, then
+-- n_others of every other configuration whose last grant is still in its
+-- longest window (until > now), listed in others, three entries each: L,
+-- S, p (at most L permits in S buckets of p µs). While configurations
+-- alternate, every grant satisfies all of them. One over the same buckets
+-- as one of the caller's is left out: the caller's own limit governs that
+-- window, so configurations that differ only in a limit share its count
+-- and each applies its own (a plan upgrade keeps what was used). Until the
+-- first of them lapses, the strategies that bind stay as they are
+-- (stable).
+local own, others, n_others = (last - 4) / 2, nil, 0
+local stable, sig, own_until = math.huge, nil, nil
 if entries then
-  sig = table.concat(ARGV, ' ', 4, last)
+  sig, others = table.concat(ARGV, ' ', 4, last), {}
   for j = 1, #entries, 2 do
     local text, till = entries[j], entries[j + 1] - ENTRY0
     if text == sig then
@@ -204,8 +198,8 @@ if entries then
           end
         end
         if not same then
-          local k = #strategies
-          strategies[k + 1], strategies[k + 2], strategies[k + 3], strategies[k + 4] = L + 0, S + 0, p, 0
+          local k = 3 * n_others
+          others[k + 1], others[k + 2], others[k + 3], n_others = L + 0, S + 0, p, n_others + 1
         end
       end
     end
@@ -239,8 +233,16 @@ end
 -- truth, never shorter.
 local fewest, own_fewest, own_index, tail_leaves, b_leaves = math.huge, math.huge, 1, 0, 0
 local denied, reported, retry, fresh, kept, stop = false, nil, -1, nil, 0, #note
-for k = 1, #strategies, 4 do
-  local L, S, p, index = strategies[k], strategies[k + 1], strategies[k + 2], strategies[k + 3]
+for k = 1, own + n_others do
+  -- The strategy, and its place among the caller's (0 for another
+  -- configuration's).
+  local L, S, p, index = nil, nil, P, k
+  if k <= own then
+    L, S = ARGV[2 * k + 3] + 0, ARGV[2 * k + 4] + 0
+  else
+    local o = 3 * (k - own)
+    L, S, p, index = others[o - 2], others[o - 1], others[o], 0
+  end
   local ws = now - now % p - (S - 1) * p
   local first = (ws - ws % G) / G
   local before, next_bucket, known, hit = cum, false, true, false
@@ -265,7 +267,7 @@ for k = 1, #strategies, 4 do
         before = row[1] + 0
       elseif first < C + 0 then
         if not Ln then Ln, Wn = densest(P, last) end
-        before, known = base - math.min(base, Ln * (idiv(C * G - ws + Wn - 1, Wn) + 1)), false
+        before, known = base - math.min(base, Ln * (math.floor((C * G - ws + Wn - 1) / Wn) + 1)), false
       end
     end
   end
@@ -359,8 +361,8 @@ if granted then
   -- permits: it keeps up (at most SCAN new buckets per SCAN permits) and
   -- spares most grants its read. base and C remember where they were;
   -- counts never depend on it (a difference of cumulative counts).
-  if T ~= b and idiv(cum + n, SCAN) > idiv(cum, SCAN) then
-    local trimmed = redis.call('ZRANGEBYSCORE', KEY, format('%d', BUCKET0), format('(%d', BUCKET0 + idiv(now - R, G)), 'WITHSCORES', 'LIMIT', '0', SCAN)
+  if T ~= b and math.floor((cum + n) / SCAN) > math.floor(cum / SCAN) then
+    local trimmed = redis.call('ZRANGEBYSCORE', KEY, format('%d', BUCKET0), format('(%d', BUCKET0 + math.floor((now - R) / G)), 'WITHSCORES', 'LIMIT', '0', SCAN)
     if #trimmed > 0 then
       redis.call('ZREMRANGEBYSCORE', KEY, format('%d', BUCKET0), trimmed[#trimmed])
       base, C, note_changed = trimmed[#trimmed - 1], trimmed[#trimmed] - BUCKET0 + 1, true
@@ -425,7 +427,7 @@ if granted then
     if till ~= own_until then redis.call('ZADD', KEY, format('%d', ENTRY0 + till), sig or table.concat(ARGV, ' ', 4, last)) end
     if T ~= b then redis.call('ZREMRANGEBYSCORE', KEY, format('%d', ENTRY0), format('%d', ENTRY0 + now)) end
   end
-  if expire then redis.call('PEXPIRE', KEY, idiv((b + 1) * G + R - now + 999, 1000)) end
+  if expire then redis.call('PEXPIRE', KEY, math.floor(((b + 1) * G + R - now + 999) / 1000)) end
   tail_leaves = b_leaves
 end
 
