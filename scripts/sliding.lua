@@ -71,8 +71,8 @@ local BUCKET0, ENTRY0 = 4503599627370496, 4521191813414912
 -- Most buckets one call reads to find a RetryAfter, or trims.
 local SCAN = 8
 -- Every floor(a / b) here, written (a - a % b) / b or math.floor(a / b),
--- is exact: for integers 0 <= a < 2^53 and b >= 1, a / b is never rounded
--- up to the next integer.
+-- is exact: for integers |a| < 2^53 and b >= 1, a / b is never rounded to
+-- the next integer.
 
 -- The time (µs) bucket k of a grid of g µs leaves the window of S buckets
 -- of p µs: the first window start after the bucket's end, plus the window.
