@@ -233,10 +233,10 @@ func TestSlidingMetaRecordsDensestWriter(t *testing.T) {
 			require.True(t, r.Allowed)
 			clock.Advance(10 * ms)
 		}
-		// The meta and the note, both at +inf, sort last.
+		// The meta, at +inf, sorts last, after the configurations' entries.
 		meta, err := be.rdb.ZRange(ctx, dense.RedisKey("k"), -2, -1).Result()
 		require.NoError(t, err)
-		require.Contains(t, meta, "w8 100000 10000000 50 10000000", "the meta (grid, longest window, densest writer) and the note")
+		require.Contains(t, meta, "w8 100000 10000000 50 10000000", "the meta (grid, longest window, densest writer) and the last entry")
 	})
 }
 

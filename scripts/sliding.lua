@@ -281,9 +281,9 @@ for k = 1, own + n_others do
   if left < fewest then fewest = left end
   if left < 0 then left = 0 end
   if index > 0 and left < own_fewest then own_fewest, own_index = left, index end
-  local tail_ends, ends = leaves(T, G, S, p), nil
+  local tail_ends = leaves(T, G, S, p)
   if tail_ends > tail_leaves then tail_leaves = tail_ends end
-  ends = tail_ends
+  local ends = tail_ends
   if b ~= T then ends = leaves(b, G, S, p) end
   if ends > b_leaves then b_leaves = ends end
 
