@@ -236,7 +236,161 @@ func TestSlidingMetaRecordsDensestWriter(t *testing.T) {
 		// The meta, at +inf, sorts last, after the configurations' entries.
 		meta, err := be.rdb.ZRange(ctx, dense.RedisKey("k"), -2, -1).Result()
 		require.NoError(t, err)
-		require.Contains(t, meta, "w8 100000 10000000 50 10000000", "the meta (grid, longest window, densest writer) and the last entry")
+		require.Contains(t, meta, "w8 100000 10000000 50 10000000 50", "the meta (grid, longest window, densest writer, largest burst) and the last entry")
+	})
+}
+
+// msClock is a fake clock and the options of a test whose windows are
+// milliseconds long, on a prefix of its own: a real server keeps its keys,
+// as their TTLs run on the server's clock, not on the test's.
+func msClock(be backend, name string) (*fakeClock, []Option) {
+	be.keepKeys()
+	clock := newClock()
+	return clock, []Option{WithPrefix(name + ":" + be.name + ":"), WithClock(clock.Now)}
+}
+
+// What a longer configuration counts as used in buckets trimmed away is
+// bounded by every writer's burst, not only by the densest rate: X = 1 per
+// 1ms and Y = 10 per 10ms have the same rate, but Y put 10 in two buckets
+// that X's grants then trim away. Z = 18 per 18ms, whose window reaches
+// them, must count the 10: in the 18 buckets from 11ms on, Y alone allows
+// 20 and X or Z alone 18.
+func TestSlidingTrimmedCountsWritersBurst(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		clock, opts := msClock(be, "burst")
+		x, err := NewSlidingWindow(be.rdb, 1, ms, ms, opts...)
+		require.NoError(t, err)
+		y, err := NewSlidingWindow(be.rdb, 10, 10*ms, ms, opts...)
+		require.NoError(t, err)
+		z, err := NewSlidingWindow(be.rdb, 18, 18*ms, ms, opts...)
+		require.NoError(t, err)
+		steps := []struct {
+			l  *SlidingWindow
+			at time.Duration
+			n  int
+		}{{x, 0, 1}, {y, 11 * ms, 9}, {y, 12 * ms, 1}, {x, 23 * ms, 1}, {x, 24 * ms, 1}, {x, 25 * ms, 1}, {x, 26 * ms, 1}, {x, 27 * ms, 1}, {z, 28 * ms, 10}}
+		total := 0
+		for i, s := range steps {
+			clock.now = epoch.Add(s.at)
+			r, err := s.l.AllowN(ctx, "k", s.n)
+			require.NoError(t, err)
+			if i < len(steps)-1 {
+				require.True(t, r.Allowed, "step %d", i)
+			}
+			if r.Allowed && s.at >= 11*ms {
+				total += s.n
+			}
+		}
+		require.LessOrEqual(t, total, 18, "grants in the 18 buckets from 11ms: Z's window holds Y's 10 and X's 5")
+	})
+}
+
+// Another configuration's strategy binds with its limit even where its
+// window is empty: X = {1 per 2ms, 3 per 20ms} grants at 0; at 5ms, Y = 5
+// per 50ms sees Remaining 1 (X's 2ms window) and is denied 2, until X's
+// entry lapses when its grant leaves its 20ms window.
+func TestSlidingOtherLimitBelowN(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		clock, opts := msClock(be, "below")
+		x, err := NewSlidingLog(be.rdb, ms, []Strategy{{1, 2 * ms}, {3, 20 * ms}}, opts...)
+		require.NoError(t, err)
+		y, err := NewSlidingLog(be.rdb, ms, []Strategy{{5, 50 * ms}}, opts...)
+		require.NoError(t, err)
+		allow := func(l *SlidingLog, at time.Duration, n int) Result {
+			clock.now = epoch.Add(at)
+			r, err := l.AllowN(ctx, "k", n)
+			require.NoError(t, err)
+			return r
+		}
+		require.True(t, allow(x, 0, 1).Allowed)
+		require.Equal(t, 1, allow(y, 5*ms, 0).Remaining)
+		r := allow(y, 5*ms, 2)
+		require.False(t, r.Allowed, "Remaining was 1: %+v", r)
+		require.Equal(t, 15*ms, r.RetryAfter, "X binds until its grant at 0 leaves its 20ms window")
+		r = allow(y, 20*ms, 2)
+		require.True(t, r.Allowed, "X's entry lapsed: %+v", r)
+	})
+}
+
+// A key's count of every permit it granted wraps at 2^52 and the key stays
+// exact: X = 2^38 per 1ms grants 2^38 every 1ms, past the wrap (2^14
+// grants), never refused as foreign and never granting one more in its
+// full window. Right after the wrap, Z = 2^40 per 10ms, whose window
+// reaches buckets X trimmed away, counts them as what X could have granted
+// there (9 × 2^38 granted, 2^38 × 10 counted), not as the few the wrapped
+// count would say: it is denied.
+func TestSlidingCountWraps(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		clock, opts := msClock(be, "wrap")
+		const L = 1 << 38
+		x, err := NewSlidingWindow(be.rdb, L, ms, ms, opts...)
+		require.NoError(t, err)
+		z, err := NewSlidingWindow(be.rdb, 1<<40, 10*ms, ms, opts...)
+		require.NoError(t, err)
+		for i := range 1<<14 + 2 {
+			clock.now = epoch.Add(time.Duration(i) * ms)
+			r, err := x.AllowN(ctx, "k", L)
+			require.NoError(t, err, "grant %d", i)
+			require.True(t, r.Allowed, "grant %d", i)
+			if i%1000 == 0 || i >= 1<<14-2 {
+				r, err = x.AllowN(ctx, "k", 1)
+				require.NoError(t, err)
+				require.False(t, r.Allowed, "one more after grant %d: %+v", i, r)
+				require.Equal(t, ms, r.RetryAfter, "after grant %d", i)
+			}
+		}
+		clock.now = epoch.Add((1<<14 + 2) * ms)
+		r, err := z.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.False(t, r.Allowed, "Z's window holds 9 × 2^38 granted by X: %+v", r)
+	})
+}
+
+// Twin keys whose clock goes back, with precisions that do not divide
+// each other: X = 21 per 4ms by 1ms (the key's grid), Y = 5 per 5ms by
+// 5ms. An n == 0 call on b alone, at a clock further back than any call on
+// a, moves b's time 3ms further ahead than a's; Y's windows still start at
+// multiples of 5ms on the caller's clock, on a and b alike, so b, whose
+// later grants are the same as a's, is never the stricter.
+func TestSlidingTwinClockBackPrecisions(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		clock, opts := msClock(be, "twinprec")
+		x, err := NewSlidingWindow(be.rdb, 21, 4*ms, ms, opts...)
+		require.NoError(t, err)
+		y, err := NewSlidingWindow(be.rdb, 5, 5*ms, 5*ms, opts...)
+		require.NoError(t, err)
+		at := func(usec int64) { clock.now = epoch.Add(time.Duration(usec) * us) }
+		both := func(l *SlidingWindow, n int) (Result, Result) {
+			ra, err := l.AllowN(ctx, "a", n)
+			require.NoError(t, err)
+			rb, err := l.AllowN(ctx, "b", n)
+			require.NoError(t, err)
+			return ra, rb
+		}
+		at(195457)
+		both(x, 15)
+		at(174285) // the clock went back 21.172ms: a call on b alone
+		_, err = y.AllowN(ctx, "b", 0)
+		require.NoError(t, err)
+		at(177838)
+		ra, rb := both(x, 2)
+		require.Equal(t, ra, rb)
+		at(185358)
+		ra, rb = both(x, 4)
+		require.Equal(t, ra.Allowed, rb.Allowed)
+		at(177668)
+		ra, _ = both(y, 4)
+		at(177668 + ra.RetryAfter.Microseconds())
+		ra, rb = both(y, 4)
+		require.False(t, ra.Allowed && !rb.Allowed, "b, with the same grants and one n == 0 call, is the stricter: a %+v, b %+v", ra, rb)
 	})
 }
 

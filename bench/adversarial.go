@@ -69,7 +69,7 @@ func writeLog(e *environment, key string, indices []int64, cursor int64, total i
 		}
 	}
 	note := fmt.Sprintf("w:%d 0 0", indices[last])
-	meta := fmt.Sprintf("w8 %d %d %d %d", advPrecision.Microseconds(), advWindow.Microseconds(), int64(advLimit), advWindow.Microseconds())
+	meta := fmt.Sprintf("w8 %d %d %d %d %d", advPrecision.Microseconds(), advWindow.Microseconds(), int64(advLimit), advWindow.Microseconds(), int64(advLimit))
 	pipe.ZAdd(e.ctx, key, redis.Z{Score: float64(len(indices)), Member: note}, redis.Z{Score: math.Inf(1), Member: meta})
 	pipe.PExpire(e.ctx, key, 3*advWindow)
 	_, err := pipe.Exec(e.ctx)

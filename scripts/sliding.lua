@@ -15,24 +15,24 @@
 -- last     under WithPrefix only: "1", the key may be shared with other
 --          configurations (a default key's prefix names its configuration)
 --
--- Every time and duration is an integer number of µs held in a Lua number
--- (exact below 2^53; the Go side keeps every value below it). Scores sent
--- to Redis go through string.format('%d'), as Lua's own conversion keeps
--- only 14 digits.
+-- Times and durations are integer µs in Lua numbers, exact below 2^53 (Go
+-- keeps every value below it), sent through format('%d'): Lua's own
+-- conversion keeps 14 digits. Counts of permits granted on a key since it
+-- began are kept modulo BUCKET0 = 2^52: a count in a window is a
+-- difference of two, exact as long as no window holds 2^52 permits.
 --
 -- State (format 8, docs/internals.md): a sorted set whose scores keep its
--- members in order. The note, score the count of every permit granted on
--- the key, so that a grant in the tail's bucket changes one score, and
--- member what the decision reads:
+-- members in order. The note, score the key's count, so that a grant in
+-- the tail's bucket changes one score, and member what the decision reads:
 --   "<kind>:T base C", then "+O" unless O is 0, then " T-f cb ni-f" per
 --   remembered window
 -- Every bucket before the tail T (the last bucket granted in) that holds a
 -- permit: score BUCKET0 + the bucket's index on the key's grid G
 -- (floor(µs / G), in the key's time: see clock), member the decimal count
--- of every permit granted up to and including that bucket (cumulative, so
--- members are unique and the count in any span of buckets is one
--- subtraction). base is the cumulative count of the last bucket trimmed
--- away; C the first bucket index still fully known; O how far (µs) the
+-- up to and including that bucket (cumulative, so members are unique and
+-- the count in any span of buckets is one subtraction). base is the count
+-- of the last bucket trimmed away, plus BUCKET0 once the key's count
+-- wrapped; C the first bucket index still fully known; O how far (µs) the
 -- key's time is ahead of the clock. A remembered window starting at bucket
 -- f holds the count of every permit granted before f (cb) and the first
 -- bucket from f on that holds a permit (ni): facts about buckets before
@@ -41,25 +41,24 @@
 -- configuration that granted, score ENTRY0 + until, text "P L_1 S_1 L_2
 -- S_2 ...": its strategies bind every call until its last grant leaves its
 -- longest window (until, in µs of the key's time); and the meta, score
--- +inf:
---   "<kind>8 G R Ln Wn"
--- G the grid (µs, the first writer's precision); R the longest window (µs)
--- of any configuration that granted; Ln per Wn µs the densest strategy of
--- any configuration that granted. A default key, which only one
--- configuration ever reads, keeps neither: its grid, windows and densest
--- strategy are its configuration's.
+-- +inf, "<kind>8 G R Ln Wn Lm": G the grid (µs, the first writer's
+-- precision); R the longest window (µs) of any configuration that granted;
+-- Ln per Wn µs the densest strategy of any that granted, and Lm the
+-- largest limit of their densest strategies (Ln when absent): in U µs, no
+-- writer granted more than Ln * ceil(U / Wn) + 2 * Lm. A default key, which
+-- only one configuration ever reads, keeps neither: its grid, windows and
+-- densest strategy are its configuration's.
 --
 -- The reply is six integers: allowed (0/1), remaining, retry-after µs (-1:
 -- never), reset-after µs, the index of the strategy reported, and stable µs:
 -- how long the same request gets the same reply but for its durations
 -- counting down (the deny cache's bound).
 --
--- How it reads: the steps of a decision are the sections below, in order:
--- read_args, read_state, clock, strategies, check (run for each strategy),
--- decide, apply, write, reply. Redis builds every function anew on each
--- call, and one that uses the chunk's locals costs it about what a small
--- command does (callgrind): the steps are sections of one chunk, and the
--- few functions take what they need as arguments.
+-- The steps of a decision are the sections below, in order: read_args,
+-- read_state, clock, strategies, check (for each strategy), decide, apply,
+-- write, reply. Redis builds every function anew on each call, and one
+-- using the chunk's locals costs about a small command (callgrind): the
+-- steps are sections of one chunk; the functions take their arguments.
 
 local KEY, KIND = KEYS[1], ARGV[3]
 local find, match, format = string.find, string.match, string.format
@@ -70,20 +69,19 @@ local find, match, format = string.find, string.match, string.format
 local BUCKET0, ENTRY0 = 4503599627370496, 4521191813414912
 -- Most buckets one call reads to find a RetryAfter, or trims.
 local SCAN = 8
--- Every floor(a / b) here, written (a - a % b) / b or math.floor(a / b),
--- is exact: for integers |a| < 2^53 and b >= 1, a / b is never rounded to
--- the next integer.
+-- Every floor(a / b), as (a - a % b) / b or math.floor(a / b), is exact:
+-- for integers |a| < 2^53 and b >= 1, a / b never rounds up to an integer.
 
 -- The time (µs) bucket k of a grid of g µs leaves the window of S buckets
 -- of p µs: the first window start after the bucket's end, plus the window.
-local function leaves(k, g, S, p)
-  local e = (k + 1) * g + p - 1
-  return e - e % p + (S - 1) * p
+-- Windows start at multiples of p on the caller's clock, o µs behind.
+local function leaves(k, g, S, p, o)
+  local e = (k + 1) * g - o + p - 1
+  return e - e % p + o + (S - 1) * p
 end
 
 -- The densest strategy (most permits per µs) of the configuration of
--- precision p whose limits and sizes are ARGV[5..last]: it bounds what the
--- configuration can grant in any span.
+-- precision p with strategies ARGV[5..last] (see the meta).
 local function densest(p, last)
   local L, W = 0, 1
   for i = 5, last, 2 do
@@ -93,8 +91,7 @@ local function densest(p, last)
 end
 
 -- read_args: the request and the configuration: precision P, its
--- strategies in ARGV[5..last] (limit and size in turn), the smallest
--- limit first.
+-- strategies in ARGV[5..last] (limit and size), the smallest limit first.
 local n, P, now = ARGV[2] + 0, ARGV[4] + 0, ARGV[1]
 if now == '' then
   local t = redis.call('TIME')
@@ -110,15 +107,14 @@ local smallest = ARGV[5] + 0
 -- read_state: the note and its score, the key's lowest member; under
 -- WithPrefix, then the entries and the meta; or an empty key's state (no
 -- tail: T = -1). Without a meta, the grid G is this configuration's
--- precision, and R (read on a grant) and Ln, Wn (where needed) are its
--- longest window and densest strategy. The note's
--- remembered windows start at its character remembered; a strategy reads
--- them where it looks for its own. A state in a previous released format
+-- precision, and R (read on a grant) and Ln, Wn, Lm (where needed) are its
+-- longest window and densest strategy. The note's remembered windows start
+-- at its character remembered. A state in a previous released format
 -- (a sorted set whose last member is a format 7 note or a format 6 meta,
 -- or a hash with "W4" or "L4" in field m) reads as empty, and the first
 -- grant replaces it.
 local note, meta, remembered = '', nil, 1
-local G, R, Ln, Wn = P, nil, nil, nil
+local G, R, Ln, Wn, Lm = P, nil, nil, nil, nil
 local T, base, C, O, cum = -1, 0, 0, 0, 0
 local entries, old, foreign = nil, false, nil
 local rows = redis.pcall('ZRANGE', KEY, '0', '0', 'WITHSCORES')
@@ -135,9 +131,10 @@ elseif rows[1] then
     if not (cum >= 0 and cum < BUCKET0) then foreign = 'a sorted set that is not sliding state' end
     if shared then
       entries = redis.call('ZRANGEBYSCORE', KEY, format('%d', ENTRY0), '+inf', 'WITHSCORES')
-      local k, g, r, ln, wn = match(entries[#entries - 1] or '', '^(%a)8 (%d+) (%d+) (%d+) (%d+)$')
+      local k, g, r, ln, wn, lm = match(entries[#entries - 1] or '', '^(%a)8 (%d+) (%d+) (%d+) (%d+) ?(%d*)$')
       if k == KIND then
-        meta, G, R, Ln, Wn = entries[#entries - 1], g + 0, r + 0, ln + 0, wn + 0
+        meta, G, R, Ln, Wn, Lm = entries[#entries - 1], g + 0, r + 0, ln + 0, wn + 0, ln + 0
+        if lm ~= '' then Lm = lm + 0 end
         entries[#entries], entries[#entries - 1] = nil, nil
       end
     end
@@ -161,7 +158,10 @@ if foreign then return redis.error_reply('NOTOURS holds ' .. foreign .. ', not r
 -- even by a denial or n == 0, the one write they make, best effort: when
 -- Redis refuses it, the decision is the same, and a later call grows O
 -- alike. A call that wrote O reads, and leaves, the key as a call at the
--- tail's time would: never stricter than without it.
+-- tail's time would, and windows still start at multiples of their
+-- precision on the caller's clock (leaves): never stricter than without it
+-- but for buckets a later key time trims sooner (apply), which a longer
+-- window then counts conservatively.
 now = now + O
 local b, moved = (now - now % G) / G, false
 if T > b then
@@ -170,14 +170,13 @@ end
 
 -- strategies: the caller's own, which the check reads from ARGV, then
 -- n_others of every other configuration whose last grant is still in its
--- longest window (until > now), listed in others, three entries each: L,
--- S, p (at most L permits in S buckets of p µs). While configurations
--- alternate, every grant satisfies all of them. One over the same buckets
--- as one of the caller's is left out: the caller's own limit governs that
--- window, so configurations that differ only in a limit share its count
--- and each applies its own (a plan upgrade keeps what was used). Until the
--- first of them lapses, the strategies that bind stay as they are
--- (stable).
+-- longest window (until > now), listed in others, four entries each: L,
+-- S, p (at most L permits in S buckets of p µs) and until. While
+-- configurations alternate, every grant satisfies all of them. One over
+-- the same buckets as one of the caller's is left out: the caller's own
+-- limit governs that window, so configurations that differ only in a limit
+-- share its count and each applies its own (a plan upgrade keeps what was
+-- used). Until the first lapses, the strategies that bind stay (stable).
 local own, others, n_others = (last - 4) / 2, nil, 0
 local stable, sig, own_until = math.huge, nil, nil
 if entries then
@@ -198,8 +197,9 @@ if entries then
           end
         end
         if not same then
-          local k = 3 * n_others
-          others[k + 1], others[k + 2], others[k + 3], n_others = L + 0, S + 0, p, n_others + 1
+          local k = 4 * n_others
+          others[k + 1], others[k + 2], others[k + 3], others[k + 4] = L + 0, S + 0, p, till
+          n_others = n_others + 1
         end
       end
     end
@@ -208,8 +208,7 @@ end
 
 -- check, for each strategy: its window [ws, now] counts the state buckets
 -- from the one holding ws, first (whole: conservative when the grids
--- differ): count = cum, the tail's cumulative count, minus the count
--- before first.
+-- differ): count = cum minus the count before first, modulo BUCKET0.
 --
 -- The count before is remembered, else read: a window a grant saw starting
 -- at f, whose first bucket holding a permit is ni, tells it for every
@@ -217,8 +216,8 @@ end
 -- window no remembered one covers is listed in fresh, for a grant to
 -- remember. Buckets trimmed away leave base; a window reaching before them
 -- (a configuration whose window is longer than any that granted before)
--- counts their grants as used, up to what the densest writer could have
--- granted there.
+-- counts their grants as used, up to what any writer could have granted
+-- there (the meta's bound).
 --
 -- What the decision and the reply need is gathered as it goes: the fewest
 -- permits left (and the caller's strategy with the fewest), the latest
@@ -226,26 +225,27 @@ end
 -- request of 1 to smallest permits: whether some strategy denies, the
 -- longest RetryAfter and its strategy, and stable, the time until the
 -- first count drops. A denying strategy's RetryAfter is the time the first
--- bucket whose cumulative count reaches cum + n - L leaves its window. It
--- reads at most SCAN buckets from its window's first (none when the first
--- is remembered and enough); when the bucket is not among them, or the
--- count is partly unknown, it is the time the tail leaves: longer than the
--- truth, never shorter.
+-- bucket whose cumulative count reaches cum + n - L leaves its window, or
+-- for another configuration's whose limit is below n, the time it lapses.
+-- It reads at most SCAN buckets from its window's first (none when the
+-- first is remembered and enough); when the bucket is not among them, or
+-- the count is partly unknown, it is the time the tail leaves: longer than
+-- the truth, never shorter.
 local fewest, own_fewest, own_index, tail_leaves, b_leaves = math.huge, math.huge, 1, 0, 0
 local denied, reported, retry, fresh, kept, stop = false, nil, -1, nil, 0, #note
 for k = 1, own + n_others do
-  -- The strategy, and its place among the caller's (0 for another
-  -- configuration's).
-  local L, S, p, index = nil, nil, P, k
+  -- The strategy, its place among the caller's (0 for another
+  -- configuration's) and, for another's, until when it binds.
+  local L, S, p, index, till = nil, nil, P, k, nil
   if k <= own then
     L, S = ARGV[2 * k + 3] + 0, ARGV[2 * k + 4] + 0
   else
-    local o = 3 * (k - own)
-    L, S, p, index = others[o - 2], others[o - 1], others[o], 0
+    local o = 4 * (k - own)
+    L, S, p, index, till = others[o - 3], others[o - 2], others[o - 1], 0, others[o]
   end
-  local ws = now - now % p - (S - 1) * p
+  local ws = now - (now - O) % p - (S - 1) * p
   local first = (ws - ws % G) / G
-  local before, next_bucket, known, hit = cum, false, true, false
+  local before, next_bucket, known, hit, unseen = cum, false, true, false, 0
   if T >= first then
     -- The remembered windows, " T-f cb ni-f" each; the one used is
     -- kept, as the sum of their j = 1, 2, 4, ... in turn.
@@ -262,12 +262,16 @@ for k = 1, own + n_others do
     end
     if not hit then
       local row = redis.call('ZREVRANGEBYSCORE', KEY, format('(%d', BUCKET0 + first), format('%d', BUCKET0), 'LIMIT', '0', '1')
-      before = base + 0
+      before = base % BUCKET0
       if row[1] then
         before = row[1] + 0
       elseif first < C + 0 then
-        if not Ln then Ln, Wn = densest(P, last) end
-        before, known = base - math.min(base, Ln * (math.floor((C * G - ws + Wn - 1) / Wn) + 1)), false
+        if not Ln then
+          Ln, Wn = densest(P, last)
+          Lm = Ln
+        end
+        local most = Ln * math.floor((C * G - ws + Wn - 1) / Wn) + 2 * Lm
+        before, unseen, known = base % BUCKET0, math.min(base, most), false
       end
     end
   end
@@ -276,39 +280,41 @@ for k = 1, own + n_others do
     fresh[#fresh + 1], fresh[#fresh + 2], fresh[#fresh + 3] = first, before, b
   end
 
-  local count = cum - before
+  local count = (cum - before) % BUCKET0 + unseen
   local left = L - count
   if left < fewest then fewest = left end
   if left < 0 then left = 0 end
   if index > 0 and left < own_fewest then own_fewest, own_index = left, index end
-  local tail_ends = leaves(T, G, S, p)
+  local tail_ends = leaves(T, G, S, p, O)
   if tail_ends > tail_leaves then tail_leaves = tail_ends end
   local ends = tail_ends
-  if b ~= T then ends = leaves(b, G, S, p) end
+  if b ~= T then ends = leaves(b, G, S, p, O) end
   if ends > b_leaves then b_leaves = ends end
 
-  if count > 0 and n > 0 and n <= smallest then
+  if n > 0 and n <= smallest and (count > 0 or n > L) then
     -- A denial's times. change: until this count first drops, when its
     -- first bucket leaves the window (the next step of p when not known).
-    local change = p - now % p
-    if next_bucket then change = leaves(next_bucket, G, S, p) - now end
+    local change = p - (now - O) % p
+    if next_bucket then change = leaves(next_bucket, G, S, p, O) - now end
     if count + n > L then
       denied = true
-      local after, target = tail_ends - now, cum + n - L
-      if known and next_bucket and target <= before + 1 then
-        -- The first bucket holds a permit at least: it reaches before + 1.
+      local after, need = tail_ends - now, count + n - L
+      if n > L then
+        -- Another configuration's limit below n (the caller's are at
+        -- least smallest): it denies until that configuration lapses.
+        after = till - now
+      elseif known and next_bucket and need <= 1 then
+        -- The first bucket holds a permit at least: need is reached there.
         after = change
       elseif known then
-        -- Each bucket holds a permit at least, so the one reaching target
-        -- is among the window's first count + n - L: the buckets before
-        -- the tail, then the tail (after's first value).
-        local need = count + n - L
-        if need > SCAN then need = SCAN end
-        local got = redis.call('ZRANGEBYSCORE', KEY, format('%d', BUCKET0 + first), format('(%d', ENTRY0), 'WITHSCORES', 'LIMIT', '0', need)
+        -- Each bucket holds a permit at least, so the first whose count
+        -- from the window's start reaches need is among its first need:
+        -- the buckets before the tail, then the tail (after's first value).
+        local got = redis.call('ZRANGEBYSCORE', KEY, format('%d', BUCKET0 + first), format('(%d', ENTRY0), 'WITHSCORES', 'LIMIT', '0', math.min(need, SCAN))
         change = after
-        if got[2] then change = leaves(got[2] - BUCKET0, G, S, p) - now end
+        if got[2] then change = leaves(got[2] - BUCKET0, G, S, p, O) - now end
         for j = #got - 1, 1, -2 do
-          if got[j] + 0 >= target then after = leaves(got[j + 1] - BUCKET0, G, S, p) - now end
+          if (got[j] - before) % BUCKET0 >= need then after = leaves(got[j + 1] - BUCKET0, G, S, p, O) - now end
         end
       end
       if after > retry then reported, retry = index, after end
@@ -331,31 +337,34 @@ elseif denied then
   if reported == 0 then reported = own_index end
 end
 local granted = allowed and n > 0
--- Only a grant remembers windows.
-if not granted then fresh = nil end
+if not granted then fresh = nil end -- only a grant remembers windows
 
 -- apply: a grant is n more in bucket b, which is now's. The note changes
 -- when the tail moves (the old tail's bucket becomes a member), a window
 -- no grant saw is remembered (with its first bucket holding a permit: read
 -- once here, b when none held one before), or a trim moves base and C;
--- under WithPrefix the meta (static) when there is none yet, or R or the
--- densest writer changed. The TTL runs until the tail leaves the longest
--- window of every configuration, and is set when the tail or that window
--- moves, or the key's time did.
-local note_changed, static, expire = moved, false, moved
+-- under WithPrefix the meta, when this grant changes it (new_meta). The
+-- TTL runs until the tail leaves the longest window of every configuration,
+-- and is set when the tail or that window moves, or the key's time did.
+local note_changed, new_meta, expire = moved, nil, moved
 if granted then
   if old then redis.call('DEL', KEY) end
   local window = ARGV[last] * P
   R = R or window
+  expire = expire or T ~= b or window > R
+  R = math.max(R, window)
   if shared then
     local Ld, Wd = densest(P, last)
-    if not Ln then Ln, Wn = Ld, Wd end
-    static = not meta or window > R or Ld * Wn > Ln * Wd
+    if not Ln then Ln, Wn, Lm = Ld, Wd, Ld end
     if Ld * Wn > Ln * Wd then Ln, Wn = Ld, Wd end
+    Lm = math.max(Lm, Ld)
+    new_meta = format('%s8 %d %d %d %d %d', KIND, G, R, Ln, Wn, Lm)
+    if new_meta == meta then new_meta = nil end
   end
-  note_changed = note_changed or static or T ~= b
-  expire = expire or T ~= b or window > R
-  if window > R then R = window end
+  note_changed = note_changed or new_meta ~= nil or T ~= b
+  -- The grant that wraps the key's count adds BUCKET0 to base: trimmed
+  -- grants then count as what the writers could have granted (check).
+  if cum + n >= BUCKET0 then base, note_changed = base % BUCKET0 + BUCKET0, true end
   -- Buckets that left the longest window of every configuration go, SCAN
   -- at most, on a grant that opens a bucket and passes a multiple of SCAN
   -- permits: it keeps up (at most SCAN new buckets per SCAN permits) and
@@ -365,7 +374,7 @@ if granted then
     local trimmed = redis.call('ZRANGEBYSCORE', KEY, format('%d', BUCKET0), format('(%d', BUCKET0 + math.floor((now - R) / G)), 'WITHSCORES', 'LIMIT', '0', SCAN)
     if #trimmed > 0 then
       redis.call('ZREMRANGEBYSCORE', KEY, format('%d', BUCKET0), trimmed[#trimmed])
-      base, C, note_changed = trimmed[#trimmed - 1], trimmed[#trimmed] - BUCKET0 + 1, true
+      base, C, note_changed = trimmed[#trimmed - 1] + base - base % BUCKET0, trimmed[#trimmed] - BUCKET0 + 1, true
     end
   end
   if fresh then
@@ -383,19 +392,19 @@ end
 
 -- write: a grant's count in the note's score; the note when it changed
 -- (the tail b, base, C, O and the windows remembered that this call used),
--- with the old tail's bucket when the tail moved, and the meta when
--- static. A denial or n == 0 writes only when O grew (clock), best effort.
--- The old members go after the new ones are in: a set left empty even for
--- a moment is a deleted key, and the new one would carry no TTL; a note
--- gone without its successor would leave a key nobody reads as ours.
+-- with the old tail's bucket when the tail moved, and new_meta. A denial
+-- or n == 0 writes only when O grew (clock), best effort. The old members
+-- go after the new ones are in: a set left empty even for a moment is a
+-- deleted key, and the new one would carry no TTL; a note gone without its
+-- successor would leave a key nobody reads as ours.
 if granted or moved then
   local call, total = redis.pcall, cum
-  if granted then call, total = redis.call, cum + n end
+  if granted then call, total = redis.call, (cum + n) % BUCKET0 end
   local score = format('%d', total)
   if not note_changed then
     call('ZADD', KEY, score, note)
   else
-    local text = {format('%s:%d %s %s', KIND, b, base, C)}
+    local text = {format('%s:%d %d %s', KIND, b, base, C)}
     if O > 0 then text[2] = format('+%d', O) end
     local at, j = remembered, 1
     while at < #note do
@@ -411,10 +420,9 @@ if granted or moved then
     local args, gone = {'ZADD', KEY, score, table.concat(text)}, {}
     if note ~= '' and note ~= args[4] then gone[1] = note end
     if T ~= b and T >= 0 then args[5], args[6] = format('%d', BUCKET0 + T), format('%d', cum) end
-    if static then
-      local new_meta = format('%s8 %d %d %d %d', KIND, G, R, Ln, Wn)
+    if new_meta then
       args[#args + 1], args[#args + 2] = '+inf', new_meta
-      if meta and meta ~= new_meta then gone[#gone + 1] = meta end
+      if meta then gone[#gone + 1] = meta end
     end
     local written = call(unpack(args))
     if type(written) == 'number' and #gone > 0 then call('ZREM', KEY, unpack(gone)) end
@@ -423,7 +431,7 @@ end
 if granted then
   -- This configuration's entry, and the others' that lapsed.
   if shared then
-    local till = leaves(b, G, ARGV[last] + 0, P)
+    local till = leaves(b, G, ARGV[last] + 0, P, O)
     if till ~= own_until then redis.call('ZADD', KEY, format('%d', ENTRY0 + till), sig or table.concat(ARGV, ' ', 4, last)) end
     if T ~= b then redis.call('ZREMRANGEBYSCORE', KEY, format('%d', ENTRY0), format('%d', ENTRY0 + now)) end
   end
@@ -431,8 +439,7 @@ if granted then
   tail_leaves = b_leaves
 end
 
--- reply: Remaining is the fewest permits left; ResetAfter the time the
--- tail leaves the longest window.
+-- reply: Remaining, the fewest permits left; ResetAfter, when the tail leaves.
 local used = 0
 if granted then used = n end
 local remaining, reset = fewest - used, tail_leaves - now
