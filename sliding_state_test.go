@@ -8,6 +8,7 @@ package redlimit
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -237,6 +238,35 @@ func TestSlidingMetaRecordsDensestWriter(t *testing.T) {
 		meta, err := be.rdb.ZRange(ctx, dense.RedisKey("k"), -2, -1).Result()
 		require.NoError(t, err)
 		require.Contains(t, meta, "w8 100000 10000000 50 10000000 50", "the meta (grid, longest window, densest writer, largest burst) and the last entry")
+	})
+}
+
+// A meta written before it kept Lm ("w8 G R Ln Wn") is read as the key's,
+// with Lm = Ln: the next grant keeps its grid and replaces it with the
+// whole meta. A = 10 per 1s by 100ms writes the key; B = 20 per 2s by
+// 200ms, as dense as A with a larger burst, then grants.
+func TestSlidingMetaWithoutLm(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		clock := newClock()
+		opts := []Option{WithPrefix("metalm:" + be.name + ":"), WithClock(clock.Now)}
+		a, err := NewSlidingWindow(be.rdb, 10, time.Second, 100*ms, opts...)
+		require.NoError(t, err)
+		b, err := NewSlidingWindow(be.rdb, 20, 2*time.Second, 200*ms, opts...)
+		require.NoError(t, err)
+		_, err = a.Allow(ctx, "k")
+		require.NoError(t, err)
+		key := a.RedisKey("k")
+		require.NoError(t, be.rdb.ZRem(ctx, key, "w8 100000 1000000 10 1000000 10").Err())
+		require.NoError(t, be.rdb.ZAdd(ctx, key, redis.Z{Score: math.Inf(1), Member: "w8 100000 1000000 10 1000000"}).Err())
+		clock.Advance(300 * ms)
+		r, err := b.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, r.Allowed)
+		metas, err := be.rdb.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: "+inf", Max: "+inf"}).Result()
+		require.NoError(t, err)
+		require.Equal(t, []string{"w8 100000 2000000 10 1000000 20"}, metas, "A's grid kept, R and Lm from B, the old meta gone")
 	})
 }
 
