@@ -220,11 +220,11 @@ func TestClockBackTracesMatchModel(t *testing.T) {
 // where the clock went back (DESIGN property 10; "Time going backwards"),
 // and then only towards later time: at the first answer that differs, b is
 // the looser, never the stricter (docs/internals.md, "Clock moved back",
-// says where a sliding key further on may trim sooner and then report a
-// longer RetryAfter; these traces do not meet it). A sliding key's time
-// stands still at its last grant; folding its buckets into now's, with a
-// trim that depends on the configuration and the time of the call, would
-// make b the stricter.
+// says where a sliding key further on may trim sooner and then answer a
+// longer window more strictly; these traces do not meet it). A sliding
+// key's time stands still at its last grant; folding its buckets into
+// now's, with a trim that depends on the configuration and the time of the
+// call, would make b the stricter.
 func TestTwinKeysClockBack(t *testing.T) {
 	t.Parallel()
 	algorithms := []string{"sliding_window", "sliding_log", "fixed_window", "leaky_bucket", "token_bucket"}

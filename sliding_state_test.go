@@ -353,12 +353,13 @@ func TestSlidingOtherLimitBelowN(t *testing.T) {
 }
 
 // A key's count of every permit it granted wraps at 2^52 and the key stays
-// exact: X = 2^38 per 1ms grants 2^38 every 1ms, past the wrap (2^14
+// exact: X = 2^38 per 1s grants 2^38 every 1s, past the wrap (2^14
 // grants), never refused as foreign and never granting one more in its
-// full window. Right after the wrap, Z = 2^40 per 10ms, whose window
+// full window. Right after the wrap, Z = 2^40 per 10s, whose window
 // reaches buckets X trimmed away, counts them as what X could have granted
 // there (9 × 2^38 granted, 2^38 × 10 counted), not as the few the wrapped
-// count would say: it is denied.
+// count would say: it is denied. Seconds, not milliseconds: the key's TTL,
+// which runs in real time on a real server, then outlasts the test's calls.
 func TestSlidingCountWraps(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, be backend) {
@@ -366,15 +367,16 @@ func TestSlidingCountWraps(t *testing.T) {
 		if math.MaxInt < 1<<40 {
 			t.Skip("limits of 2^38 and 2^40 need a 64-bit int")
 		}
-		clock, opts := msClock(be, "wrap")
+		clock := newClock()
+		opts := []Option{WithPrefix("wrap:" + be.name + ":"), WithClock(clock.Now)}
 		shift := 38 // not a constant: a 32-bit build compiles this test too
 		L := 1 << shift
-		x, err := NewSlidingWindow(be.rdb, L, ms, ms, opts...)
+		x, err := NewSlidingWindow(be.rdb, L, time.Second, time.Second, opts...)
 		require.NoError(t, err)
-		z, err := NewSlidingWindow(be.rdb, 4*L, 10*ms, ms, opts...)
+		z, err := NewSlidingWindow(be.rdb, 4*L, 10*time.Second, time.Second, opts...)
 		require.NoError(t, err)
 		for i := range 1<<14 + 2 {
-			clock.now = epoch.Add(time.Duration(i) * ms)
+			clock.now = epoch.Add(time.Duration(i) * time.Second)
 			r, err := x.AllowN(ctx, "k", L)
 			require.NoError(t, err, "grant %d", i)
 			require.True(t, r.Allowed, "grant %d", i)
@@ -382,10 +384,10 @@ func TestSlidingCountWraps(t *testing.T) {
 				r, err = x.AllowN(ctx, "k", 1)
 				require.NoError(t, err)
 				require.False(t, r.Allowed, "one more after grant %d: %+v", i, r)
-				require.Equal(t, ms, r.RetryAfter, "after grant %d", i)
+				require.Equal(t, time.Second, r.RetryAfter, "after grant %d", i)
 			}
 		}
-		clock.now = epoch.Add((1<<14 + 2) * ms)
+		clock.now = epoch.Add((1<<14 + 2) * time.Second)
 		r, err := z.Allow(ctx, "k")
 		require.NoError(t, err)
 		require.False(t, r.Allowed, "Z's window holds 9 × 2^38 granted by X: %+v", r)
@@ -431,6 +433,40 @@ func TestSlidingTwinClockBackPrecisions(t *testing.T) {
 		at(177668 + ra.RetryAfter.Microseconds())
 		ra, rb = both(y, 4)
 		require.False(t, ra.Allowed && !rb.Allowed, "b, with the same grants and one n == 0 call, is the stricter: a %+v, b %+v", ra, rb)
+	})
+}
+
+// A configuration binds others until its last grant leaves its window on
+// the key's time of the call, however the clock moved since: Y = 1 per 2ms
+// writes first (grid 2ms), X = 8 per 12ms by 3ms grants 8 at 17ms, and on
+// key b alone an n == 0 call at 15ms (the clock went back) moves b's time
+// 2ms ahead, which 3ms does not divide. At 25.5ms, Y's request still meets
+// X's full window [15ms, 27ms) on both keys: an until fixed at X's grant
+// would have let b's X lapse at 25ms and Y grant a 9th permit there.
+func TestSlidingEntryBindsAfterClockBack(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		clock, opts := msClock(be, "lapse")
+		y, err := NewSlidingWindow(be.rdb, 1, 2*ms, 2*ms, opts...)
+		require.NoError(t, err)
+		x, err := NewSlidingWindow(be.rdb, 8, 12*ms, 3*ms, opts...)
+		require.NoError(t, err)
+		allow := func(l *SlidingWindow, key string, at time.Duration, n int) Result {
+			clock.now = epoch.Add(at)
+			r, err := l.AllowN(ctx, key, n)
+			require.NoError(t, err)
+			return r
+		}
+		for _, k := range []string{"a", "b"} {
+			require.True(t, allow(y, k, 0, 1).Allowed)
+			require.True(t, allow(x, k, 17*ms, 8).Allowed)
+		}
+		require.True(t, allow(x, "b", 15*ms, 0).Allowed)
+		for _, k := range []string{"a", "b"} {
+			r := allow(y, k, 25500*us, 1)
+			require.False(t, r.Allowed, "key %s: X's window [15ms, 27ms) holds 8, X's limit: %+v", k, r)
+		}
 	})
 }
 

@@ -38,9 +38,10 @@
 -- bucket from f on that holds a permit (ni): facts about buckets before
 -- the tail, which no later grant changes, so a call whose windows start
 -- from f to ni reads no bucket. Under WithPrefix, also one member per
--- configuration that granted, score ENTRY0 + until, text "P L_1 S_1 L_2
--- S_2 ...": its strategies bind every call until its last grant leaves its
--- longest window (until, in µs of the key's time); and the meta, score
+-- configuration that granted, score ENTRY0 + the start (µs) of its last
+-- grant's bucket, text "P L_1 S_1 L_2 S_2 ...": its strategies bind every
+-- call until that bucket leaves its longest window (until, read with the
+-- key's O of the time: see clock); and the meta, score
 -- +inf, "<kind>8 G R Ln Wn Lm": G the grid (µs, the first writer's
 -- precision); R the longest window (µs) of any configuration that granted;
 -- Ln per Wn µs the densest strategy of any that granted, and Lm the
@@ -67,8 +68,7 @@ local find, match, format = string.find, string.match, string.format
 -- below 2^53 in buckets of 1ms at least); an entry's is ENTRY0 = 2^52 +
 -- 2^44, plus a time in µs (below 2^52 - 2^44: the year 2112).
 local BUCKET0, ENTRY0 = 4503599627370496, 4521191813414912
--- Most buckets one call reads to find a RetryAfter, or trims.
-local SCAN = 8
+local SCAN = 8 -- most buckets one call reads to find a RetryAfter, or trims
 -- Every floor(a / b), as (a - a % b) / b or math.floor(a / b), is exact:
 -- for integers |a| < 2^53 and b >= 1, a / b never rounds up to an integer.
 
@@ -178,17 +178,18 @@ end
 -- share its count and each applies its own (a plan upgrade keeps what was
 -- used). Until the first lapses, the strategies that bind stay (stable).
 local own, others, n_others = (last - 4) / 2, nil, 0
-local stable, sig, own_until = math.huge, nil, nil
+local stable, sig, own_start = math.huge, nil, nil
 if entries then
   sig, others = table.concat(ARGV, ' ', 4, last), {}
   for j = 1, #entries, 2 do
-    local text, till = entries[j], entries[j + 1] - ENTRY0
+    local text, start = entries[j], entries[j + 1] - ENTRY0
+    local p, limits = match(text, '^(%d+)(.*)$')
+    p = p + 0
+    local till = leaves(math.floor(start / G), G, match(limits, '(%d+)$') + 0, p, O)
     if text == sig then
-      own_until = till
+      own_start = start
     elseif till > now then
       if till - now < stable then stable = till - now end
-      local p, limits = match(text, '^(%d+)(.*)$')
-      p = p + 0
       for L, S in string.gmatch(limits, ' (%d+) (%d+)') do
         local same = false
         if p == P then
@@ -431,9 +432,8 @@ end
 if granted then
   -- This configuration's entry, and the others' that lapsed.
   if shared then
-    local till = leaves(b, G, ARGV[last] + 0, P, O)
-    if till ~= own_until then redis.call('ZADD', KEY, format('%d', ENTRY0 + till), sig or table.concat(ARGV, ' ', 4, last)) end
-    if T ~= b then redis.call('ZREMRANGEBYSCORE', KEY, format('%d', ENTRY0), format('%d', ENTRY0 + now)) end
+    if b * G ~= own_start then redis.call('ZADD', KEY, format('%d', ENTRY0 + b * G), sig or table.concat(ARGV, ' ', 4, last)) end
+    if T ~= b then redis.call('ZREMRANGEBYSCORE', KEY, format('%d', ENTRY0), format('%d', ENTRY0 + now - R - G)) end
   end
   if expire then redis.call('PEXPIRE', KEY, math.floor(((b + 1) * G + R - now + 999) / 1000)) end
   tail_leaves = b_leaves
