@@ -249,8 +249,7 @@ func TestSlidingMetaWithoutLm(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, be backend) {
 		ctx := context.Background()
-		clock := newClock()
-		opts := []Option{WithPrefix("metalm:" + be.name + ":"), WithClock(clock.Now)}
+		clock, opts := prefixClock(be, "metalm")
 		a, err := NewSlidingWindow(be.rdb, 10, time.Second, 100*ms, opts...)
 		require.NoError(t, err)
 		b, err := NewSlidingWindow(be.rdb, 20, 2*time.Second, 200*ms, opts...)
@@ -276,10 +275,10 @@ func TestSlidingMetaWithoutLm(t *testing.T) {
 	})
 }
 
-// msClock is a fake clock and the options of a test whose windows are
-// milliseconds long, on a prefix of its own: a real server keeps its keys,
-// as their TTLs run on the server's clock, not on the test's.
-func msClock(be backend, name string) (*fakeClock, []Option) {
+// prefixClock is a fake clock and the options of a test on a prefix of its
+// own. A real server keeps the test's keys: their TTLs run on the server's
+// clock, not on the test's, and windows of milliseconds would expire them.
+func prefixClock(be backend, name string) (*fakeClock, []Option) {
 	be.keepKeys()
 	clock := newClock()
 	return clock, []Option{WithPrefix(name + ":" + be.name + ":"), WithClock(clock.Now)}
@@ -295,7 +294,7 @@ func TestSlidingTrimmedCountsWritersBurst(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, be backend) {
 		ctx := context.Background()
-		clock, opts := msClock(be, "burst")
+		clock, opts := prefixClock(be, "burst")
 		x, err := NewSlidingWindow(be.rdb, 1, ms, ms, opts...)
 		require.NoError(t, err)
 		y, err := NewSlidingWindow(be.rdb, 10, 10*ms, ms, opts...)
@@ -331,7 +330,7 @@ func TestSlidingOtherLimitBelowN(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, be backend) {
 		ctx := context.Background()
-		clock, opts := msClock(be, "below")
+		clock, opts := prefixClock(be, "below")
 		x, err := NewSlidingLog(be.rdb, ms, []Strategy{{1, 2 * ms}, {3, 20 * ms}}, opts...)
 		require.NoError(t, err)
 		y, err := NewSlidingLog(be.rdb, ms, []Strategy{{5, 50 * ms}}, opts...)
@@ -358,8 +357,8 @@ func TestSlidingOtherLimitBelowN(t *testing.T) {
 // full window. Right after the wrap, Z = 2^40 per 10s, whose window
 // reaches buckets X trimmed away, counts them as what X could have granted
 // there (9 × 2^38 granted, 2^38 × 10 counted), not as the few the wrapped
-// count would say: it is denied. Seconds, not milliseconds: the key's TTL,
-// which runs in real time on a real server, then outlasts the test's calls.
+// count would say: it is denied. In seconds: a key with a window of 1ms
+// can expire on a loaded server between a grant and the harness's PEXPIRE.
 func TestSlidingCountWraps(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, be backend) {
@@ -367,8 +366,7 @@ func TestSlidingCountWraps(t *testing.T) {
 		if math.MaxInt < 1<<40 {
 			t.Skip("limits of 2^38 and 2^40 need a 64-bit int")
 		}
-		clock := newClock()
-		opts := []Option{WithPrefix("wrap:" + be.name + ":"), WithClock(clock.Now)}
+		clock, opts := prefixClock(be, "wrap")
 		shift := 38 // not a constant: a 32-bit build compiles this test too
 		L := 1 << shift
 		x, err := NewSlidingWindow(be.rdb, L, time.Second, time.Second, opts...)
@@ -404,7 +402,7 @@ func TestSlidingTwinClockBackPrecisions(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, be backend) {
 		ctx := context.Background()
-		clock, opts := msClock(be, "twinprec")
+		clock, opts := prefixClock(be, "twinprec")
 		x, err := NewSlidingWindow(be.rdb, 21, 4*ms, ms, opts...)
 		require.NoError(t, err)
 		y, err := NewSlidingWindow(be.rdb, 5, 5*ms, 5*ms, opts...)
@@ -447,7 +445,7 @@ func TestSlidingEntryBindsAfterClockBack(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, be backend) {
 		ctx := context.Background()
-		clock, opts := msClock(be, "lapse")
+		clock, opts := prefixClock(be, "lapse")
 		y, err := NewSlidingWindow(be.rdb, 1, 2*ms, 2*ms, opts...)
 		require.NoError(t, err)
 		x, err := NewSlidingWindow(be.rdb, 8, 12*ms, 3*ms, opts...)
