@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/redlimit/redlimit/internal/faultproxy"
 	"github.com/redlimit/redlimit/internal/redistest"
 )
 
@@ -120,4 +121,58 @@ func TestBreakerOpensOnKilledRedisWithShortDeadlines(t *testing.T) {
 	require.Equal(t, BreakerOpen, breaker.State())
 	_, err = callWithin(l, "k", 10*time.Millisecond)
 	require.ErrorIs(t, err, ErrUnavailable)
+}
+
+// After an outage, the half-open breaker's probe says whether Redis
+// answers, whoever's call carries it: callers whose deadlines are too short
+// for any Redis (here 1ms, against a healthy Redis 5ms away) and who call
+// first after every cooldown cannot keep it half-open, failing everyone
+// else with ErrUnavailable. The probe's caller still returns at its own
+// deadline.
+func TestBreakerProbeOutlivesShortDeadlines(t *testing.T) {
+	for _, c := range []struct {
+		name              string
+		cancelled, paused bool
+	}{{"deadline", false, false}, {"cancelled", true, false}, {"deadline on a paused Redis", false, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			proxy, err := faultproxy.Start(srv.Addr())
+			require.NoError(t, err)
+			t.Cleanup(func() { proxy.Close() })
+			rdb := recommendedClient(t, proxy.Addr())
+			h := newBreakerHarness(t, 1, time.Second)
+			l, err := NewTokenBucket(rdb, 100, PerSecond(100), WithBreaker(h.Breaker))
+			require.NoError(t, err)
+
+			proxy.SetDrop(true)
+			_, err = callWithin(l, "k", 50*time.Millisecond)
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			require.Equal(t, BreakerOpen, h.State(), "a lost reply opens it")
+			proxy.SetDrop(c.paused)
+			proxy.SetDelay(5 * time.Millisecond)
+			h.advance(time.Second)
+
+			// The first call after the cooldown probes, and gives up first.
+			if c.cancelled {
+				ctx, cancel := context.WithCancel(context.Background())
+				time.AfterFunc(time.Millisecond, cancel)
+				_, err = l.Allow(ctx, "attacker")
+				require.ErrorIs(t, err, context.Canceled, "the caller returns when it cancels, not when the probe ends")
+			} else {
+				_, err = callWithin(l, "attacker", time.Millisecond)
+				require.ErrorIs(t, err, context.DeadlineExceeded, "the caller returns at its deadline, not the probe's")
+			}
+			if c.paused {
+				require.Eventually(t, func() bool { return h.State() == BreakerOpen }, 2*time.Second, time.Millisecond,
+					"the probe, given MinDeadline, fails and re-opens the breaker (seen %v)", h.seen())
+				require.Equal(t, []string{"closed>open", "open>half-open", "half-open>open"}, h.seen())
+				return
+			}
+			require.Eventually(t, func() bool { return h.State() == BreakerClosed }, 2*time.Second, time.Millisecond,
+				"the probe outlives its caller and closes the breaker on a healthy Redis (seen %v)", h.seen())
+			_, err = callWithin(l, "honest", time.Second)
+			require.NoError(t, err, "an honest caller is decided")
+			require.Equal(t, []string{"closed>open", "open>half-open", "half-open>closed"}, h.seen())
+		})
+	}
 }

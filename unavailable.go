@@ -43,7 +43,8 @@ const (
 // deadline is the only sign, but a shorter one is the caller's choice (a
 // gRPC client's grpc-timeout, a deadline a server derives from a request),
 // which a healthy Redis need not meet. No number of callers with short
-// deadlines, odd keys or odd n can open the breaker for the others.
+// deadlines, odd keys or odd n can open the breaker for the others, nor
+// keep it from closing.
 type BreakerConfig struct {
 	// Failures is the number of consecutive failures that open the breaker:
 	// any answer from Redis in between starts the count again. Default 5:
@@ -54,9 +55,12 @@ type BreakerConfig struct {
 	// Cooldown is how long an open breaker answers at once before it lets
 	// exactly one call through to probe Redis (every other call keeps
 	// failing fast until the probe ends): a success closes the breaker, a
-	// failure opens it for another Cooldown. Default 1s: recovery within a
-	// second of Redis coming back (go-redis itself re-dials once a second
-	// after a run of failed dials), one probe per second per breaker.
+	// failure opens it for another Cooldown. The probe is given at least
+	// MinDeadline and runs on when its caller gives up first (the caller
+	// returns at its own deadline or cancel), so callers with short
+	// deadlines cannot keep the breaker from closing. Default 1s: recovery
+	// within a second of Redis coming back (go-redis itself re-dials once a
+	// second after a run of failed dials), one probe per second per breaker.
 	// Negative is ErrInvalidConfig.
 	Cooldown time.Duration
 	// OnChange, if not nil, is told of every state change, from the
@@ -71,8 +75,9 @@ type BreakerConfig struct {
 	// is not counted. Default 20ms: far above what a healthy Redis takes
 	// (a script round trip is well under a millisecond on a LAN), far below
 	// a service's own deadlines. Raise it on a slow link (above 10× Redis's
-	// p99 round trip); calls whose deadlines are all shorter than it leave
-	// a paused Redis to the client's ReadTimeout to detect (ClientOptions).
+	// p99 round trip). While the breaker is closed, calls whose deadlines
+	// are all shorter than it leave a paused Redis to the client's
+	// ReadTimeout to detect (ClientOptions).
 	// Negative is ErrInvalidConfig.
 	MinDeadline time.Duration
 	// Now is the clock the cooldown is counted on. Default time.Now; a fake

@@ -63,7 +63,8 @@ type BreakerConfig struct {
 }
 
 // internal states: halfOpenIdle is half-open with no probe in flight (the
-// last probe's caller gave up before Redis answered), so the next call
+// last probe ended saying nothing about Redis: record's neutral, which the
+// engine's probes never report, see Engine.probe), so the next call
 // probes. Observers see it as BreakerHalfOpen.
 const (
 	stClosed int32 = iota
@@ -328,7 +329,15 @@ func (e *Engine) guardedRun(ctx context.Context, key string, nowArg any, n int) 
 	if err != nil {
 		return "", err
 	}
-	start := time.Now()
+	if probe {
+		return e.probe(ctx, key, nowArg, n)
+	}
+	return e.recordedRun(ctx, time.Now(), key, nowArg, n, false)
+}
+
+// recordedRun is runWithin, started at start, and tells the breaker how
+// the round trip ended.
+func (e *Engine) recordedRun(ctx context.Context, start time.Time, key string, nowArg any, n int, probe bool) (string, error) {
 	text, err := e.runWithin(ctx, key, nowArg, n)
 	if err != nil {
 		e.breaker.record(probe, e.breaker.classify(ctx, err, start), withCtxErr(ctx, err))
@@ -336,6 +345,58 @@ func (e *Engine) guardedRun(ctx context.Context, key string, nowArg any, n int) 
 		e.breaker.record(probe, answered, nil)
 	}
 	return text, err
+}
+
+// probe runs the half-open breaker's probe, whose outcome must say whether
+// Redis answers, whoever's call carries it. A probe that its caller ended
+// (a deadline shorter than MinDeadline, a cancel) would say nothing, and
+// callers who always end theirs early, calling first after each cooldown,
+// could keep the breaker half-open, failing every other call, for as long
+// as they keep calling. So the round trip runs in a goroutine of its own on
+// a ctx with the caller's values but not its cancellation, and with the
+// caller's deadline or MinDeadline from now, whichever is later (none when
+// the caller's ctx has none), and it records its outcome when it ends. The
+// caller waits for it until its own ctx ends; then, like any call abandoned
+// at its deadline, its permits may have been taken, never reported.
+func (e *Engine) probe(ctx context.Context, key string, nowArg any, n int) (string, error) {
+	start := time.Now()
+	probeCtx, cancel := context.WithoutCancel(ctx), context.CancelFunc(func() {})
+	if deadline, ok := ctx.Deadline(); ok {
+		if least := start.Add(e.breaker.cfg.MinDeadline); deadline.Before(least) {
+			deadline = least
+		}
+		probeCtx, cancel = context.WithDeadline(probeCtx, deadline)
+	}
+	done := make(chan result, 1)
+	go func() {
+		defer cancel()
+		text, err := e.recordedRun(probeCtx, start, key, nowArg, n, true)
+		done <- result{text, err}
+	}()
+	return await(ctx, done)
+}
+
+// result is a round trip's reply text or error, sent by the goroutine that
+// ran it.
+type result struct {
+	text string
+	err  error
+}
+
+// await returns the result sent on done, or ctx's error when ctx ends
+// first (the result, if one comes, is dropped).
+func await(ctx context.Context, done <-chan result) (string, error) {
+	select {
+	case r := <-done:
+		return r.text, r.err
+	case <-ctx.Done():
+		select {
+		case r := <-done: // both were ready: a decision made is reported
+			return r.text, r.err
+		default:
+			return "", ctx.Err()
+		}
+	}
 }
 
 // withCtxErr is err as the caller sees it: matching ctx's error too when
@@ -402,26 +463,12 @@ func (e *Engine) runWithin(ctx context.Context, key string, nowArg any, n int) (
 	if !ok || e.bound == 0 || time.Until(deadline) >= e.bound {
 		return e.run(ctx, key, nowArg, n)
 	}
-	type result struct {
-		text string
-		err  error
-	}
 	done := make(chan result, 1)
 	go func() {
 		text, err := e.run(ctx, key, nowArg, n)
 		done <- result{text, err}
 	}()
-	select {
-	case r := <-done:
-		return r.text, r.err
-	case <-ctx.Done():
-		select {
-		case r := <-done: // both were ready: a decision made is reported
-			return r.text, r.err
-		default:
-			return "", ctx.Err()
-		}
-	}
+	return await(ctx, done)
 }
 
 // clientBound returns how long rdb may hold a call whatever its ctx's
