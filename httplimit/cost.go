@@ -11,8 +11,8 @@ import (
 // WithQuotaUnit("content-bytes")):
 //
 //   - a body of known length is charged its Content-Length, whatever its
-//     size (up to 2^31-1; above the limiter's capacity it is denied with
-//     413);
+//     size (above the limiter's capacity it is denied with 413; on a
+//     32-bit platform, a length above the largest int is charged that);
 //   - a body of unknown length (Transfer-Encoding: chunked, ContentLength
 //     -1) is charged maxBytes before it is read, and the body is cut at
 //     maxBytes: a read past it fails with *http.MaxBytesError (and the
@@ -33,7 +33,7 @@ func BodyCost(maxBytes int) func(r *http.Request) int {
 	return func(r *http.Request) int {
 		switch {
 		case r.ContentLength >= 0:
-			return int(min(r.ContentLength, math.MaxInt32))
+			return int(min(r.ContentLength, math.MaxInt))
 		case r.Body == nil || r.Body == http.NoBody:
 			return 0
 		}

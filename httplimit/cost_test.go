@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -88,4 +90,33 @@ func TestBodyCost(t *testing.T) {
 		})
 	}
 	assert.Panics(t, func() { BodyCost(0) })
+}
+
+// A byte budget above 2 GiB holds against bodies that declare more than
+// 2 GiB: each is charged its full Content-Length (the handler here reads
+// none of it), so a 10 GiB budget admits one 8 GiB upload, not five.
+func TestBodyCostBeyond2GiB(t *testing.T) {
+	if strconv.IntSize == 32 {
+		t.Skip("a byte budget above 2 GiB needs a 64-bit int")
+	}
+	env := redlimittest.New(t)
+	gib := int64(1) << 30
+	l, err := redlimit.NewFixedWindow(env.Client(), int(10*gib), 24*time.Hour, env.Options()...)
+	require.NoError(t, err)
+	h := Middleware(l, WithCost(BodyCost(10<<20)), WithQuotaUnit("content-bytes"), WithKeyFunc(Header("X-API-Key")))(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	put := func(length int64) int {
+		r := httptest.NewRequest(http.MethodPut, "/", strings.NewReader("x"))
+		r.Header.Set("X-API-Key", "tenant")
+		r.ContentLength = length
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	assert.Equal(t, 200, put(8*gib), "the first 8 GiB of a 10 GiB budget")
+	for i := range 4 {
+		assert.Equal(t, 429, put(8*gib), "8 GiB upload %d after 8 GiB of 10 were spent", i)
+	}
+	assert.Equal(t, 413, put(11*gib), "above the budget itself")
+	assert.Equal(t, 413, put(math.MaxInt64), "the largest Content-Length")
+	assert.Equal(t, 200, put(2*gib), "what is left is still usable")
 }
