@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/engine"
 )
 
 // Share returns one instance's share of a limit shared by instances: limit
@@ -77,6 +78,9 @@ func permits(algorithm, field string, n int) error {
 func checkCall(algorithm, key string, n int) error {
 	if key == "" {
 		return fmt.Errorf("redlimit: inmem %s: key is empty: %w", algorithm, redlimit.ErrInvalidArgument)
+	}
+	if len(key) > redlimit.MaxKeyBytes {
+		return fmt.Errorf("redlimit: inmem %s: key %s: must be at most %d bytes: %w", algorithm, engine.QuoteKey(key), redlimit.MaxKeyBytes, redlimit.ErrInvalidArgument)
 	}
 	if n < 0 {
 		return fmt.Errorf("redlimit: inmem %s: n %d: must not be negative: %w", algorithm, n, redlimit.ErrInvalidArgument)

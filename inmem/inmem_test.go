@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -270,6 +271,34 @@ func BenchmarkAllow(b *testing.B) {
 				if i++; i == len(keys) {
 					i = 0
 				}
+			}
+		})
+	}
+}
+
+// Keys are checked as the Redis limiters check them: 1 to MaxKeyBytes
+// bytes, else ErrInvalidArgument, and a rejected key takes no memory.
+func TestKeyLength(t *testing.T) {
+	newLimiters := map[string]func() (redlimit.Limiter, error){
+		"fixed window":   func() (redlimit.Limiter, error) { return NewFixedWindow(5, time.Second) },
+		"sliding window": func() (redlimit.Limiter, error) { return NewSlidingWindow(5, time.Second, 100*time.Millisecond) },
+		"sliding log": func() (redlimit.Limiter, error) {
+			return NewSlidingLog(100*time.Millisecond, []redlimit.Strategy{{Limit: 5, Window: time.Second}})
+		},
+		"leaky bucket": func() (redlimit.Limiter, error) { return NewLeakyBucket(5, redlimit.PerSecond(1)) },
+		"token bucket": func() (redlimit.Limiter, error) { return NewTokenBucket(5, redlimit.PerSecond(1)) },
+	}
+	for name, newLimiter := range newLimiters {
+		t.Run(name, func(t *testing.T) {
+			l, err := newLimiter()
+			require.NoError(t, err)
+			ctx := context.Background()
+			_, err = l.Allow(ctx, strings.Repeat("k", redlimit.MaxKeyBytes))
+			require.NoError(t, err, "a key of MaxKeyBytes")
+			for _, key := range []string{strings.Repeat("k", redlimit.MaxKeyBytes+1), strings.Repeat("k", 1<<20)} {
+				_, err = l.Allow(ctx, key)
+				require.ErrorIs(t, err, redlimit.ErrInvalidArgument, "a key of %d bytes", len(key))
+				require.Less(t, len(err.Error()), 200, "the error does not grow with the key")
 			}
 		})
 	}
