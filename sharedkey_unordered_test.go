@@ -408,3 +408,92 @@ func TestSlidingLogManyStrategies(t *testing.T) {
 		}
 	})
 }
+
+// Two configurations of a fixed window or a bucket of which neither is
+// looser in both terms (a larger limit over a longer window, a larger
+// capacity at a slower rate: 10 at 10/s next to 100 at 1/s), alternating
+// on one key: the grants in any interval stay within the envelope of the
+// two, what a configuration with the larger limit over the shorter window
+// (the larger capacity at the faster rate) grants alone (docs/keys.md).
+// The first trace of each is a client that uses the faster configuration
+// to the full, then the larger one: 10 a second for 10 s, then 100.
+func TestSharedKeyNeitherLooser(t *testing.T) {
+	type config struct {
+		limit int
+		per   time.Duration // a window, or the time one permit takes to drain
+	}
+	newLimiter := func(alg string, c config) func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+		return func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+			switch alg {
+			case "fixed_window":
+				return NewFixedWindow(rdb, c.limit, c.per, opts...)
+			case "leaky_bucket":
+				return NewLeakyBucket(rdb, c.limit, Rate{Count: 1, Per: c.per}, opts...)
+			}
+			return NewTokenBucket(rdb, c.limit, Rate{Count: 1, Per: c.per}, opts...)
+		}
+	}
+	envelope := func(alg string, fast, large config) func(time.Duration) int {
+		if alg == "fixed_window" {
+			return func(T time.Duration) int { return large.limit * (pairCeilDiv(T, fast.per) + 1) }
+		}
+		return func(T time.Duration) int { return large.limit + pairCeilDiv(T, fast.per) }
+	}
+	for _, alg := range []string{"fixed_window", "leaky_bucket", "token_bucket"} {
+		t.Run(alg, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, b backend) {
+				ctx := context.Background()
+				rng := rand.New(rand.NewPCG(7, uint64(len(alg))))
+				for trace := range 6 {
+					fast := config{1 + rng.IntN(10), time.Duration(1+rng.IntN(10)) * 100 * time.Millisecond}
+					large := config{fast.limit * (2 + rng.IntN(10)), fast.per * time.Duration(2+rng.IntN(20))}
+					if trace == 0 {
+						fast, large = config{10, 100 * time.Millisecond}, config{100, time.Second}
+						if alg == "fixed_window" {
+							fast, large = config{10, time.Second}, config{100, 100 * time.Second}
+						}
+					}
+					clock := newClock()
+					prefix := fmt.Sprintf("neither:%s:%d:", alg, trace)
+					var ls [2]Limiter
+					for i, c := range []config{fast, large} {
+						l, err := newLimiter(alg, c)(b.rdb, WithPrefix(prefix), WithClock(clock.Now))
+						require.NoError(t, err)
+						ls[i] = l
+					}
+					desc := fmt.Sprintf("%s: %d per %v and %d per %v", alg, fast.limit, fast.per, large.limit, large.per)
+					var grants []pairGrant
+					allow := func(i, n int) {
+						r, err := ls[i].AllowN(ctx, "k", n)
+						require.NoError(t, err, desc)
+						if r.Allowed && n > 0 {
+							grants = append(grants, pairGrant{clock.now, n})
+						}
+					}
+					if trace == 0 {
+						for range 10 {
+							for range fast.limit {
+								allow(0, 1)
+							}
+							clock.Advance(time.Second)
+						}
+						allow(1, large.limit)
+					} else {
+						for range 400 {
+							n := 1 + rng.IntN(3)
+							if rng.IntN(10) == 0 {
+								n = large.limit - rng.IntN(fast.limit)
+							}
+							allow(rng.IntN(2), n)
+							clock.Advance(time.Duration(rng.Int64N(int64(fast.per) + 1)))
+						}
+					}
+					periods := []time.Duration{fast.per, large.per, 10 * fast.per, 10 * time.Second}
+					if v := pairViolation(grants, periods, envelope(alg, fast, large)); v != "" {
+						t.Errorf("%s (per: a window, or one permit's drain): %s", desc, v)
+					}
+				}
+			})
+		})
+	}
+}
