@@ -102,11 +102,12 @@ func gcd(a, b int64) int64 {
 }
 
 // AllowN takes n permits for key if all n are available, else none. err is
-// non-nil only for an empty key or n < 0 (redlimit.ErrInvalidArgument).
+// non-nil only for a key that is empty or longer than redlimit.MaxKeyBytes,
+// n < 0 or a nil ctx (redlimit.ErrInvalidArgument).
 // n == 0 reports the state; n above the capacity is denied with RetryAfter
 // redlimit.Never.
 func (b *bucket) AllowN(ctx context.Context, key string, n int) (redlimit.Result, error) {
-	if err := checkCall(b.algorithm, key, n); err != nil {
+	if err := checkCall(ctx, b.algorithm, key, n); err != nil {
 		return redlimit.Result{}, err
 	}
 	now := b.store.nowUS(ctx)
@@ -189,8 +190,8 @@ func (b *bucket) TryAcquire(ctx context.Context, key string) error {
 }
 
 // Reset forgets all state of key.
-func (b *bucket) Reset(_ context.Context, key string) error {
-	if err := checkCall(b.algorithm, key, 0); err != nil {
+func (b *bucket) Reset(ctx context.Context, key string) error {
+	if err := checkCall(ctx, b.algorithm, key, 0); err != nil {
 		return err
 	}
 	b.store.reset(key)

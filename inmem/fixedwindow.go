@@ -47,11 +47,12 @@ func NewFixedWindow(limit int, window time.Duration, opts ...Option) (*FixedWind
 }
 
 // AllowN takes n permits for key if all n are available, else none. err is
-// non-nil only for an empty key or n < 0 (redlimit.ErrInvalidArgument).
+// non-nil only for a key that is empty or longer than redlimit.MaxKeyBytes,
+// n < 0 or a nil ctx (redlimit.ErrInvalidArgument).
 // n == 0 reports the state; n above the limit is denied with RetryAfter
 // redlimit.Never.
 func (l *FixedWindow) AllowN(ctx context.Context, key string, n int) (redlimit.Result, error) {
-	if err := checkCall("fixed_window", key, n); err != nil {
+	if err := checkCall(ctx, "fixed_window", key, n); err != nil {
 		return redlimit.Result{}, err
 	}
 	now := l.store.nowUS(ctx)
@@ -131,8 +132,8 @@ func (l *FixedWindow) TryAcquire(ctx context.Context, key string) error {
 }
 
 // Reset forgets all state of key.
-func (l *FixedWindow) Reset(_ context.Context, key string) error {
-	if err := checkCall("fixed_window", key, 0); err != nil {
+func (l *FixedWindow) Reset(ctx context.Context, key string) error {
+	if err := checkCall(ctx, "fixed_window", key, 0); err != nil {
 		return err
 	}
 	l.store.reset(key)

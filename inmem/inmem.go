@@ -75,7 +75,10 @@ func permits(algorithm, field string, n int) error {
 }
 
 // checkCall rejects what the Redis limiters reject before a round trip.
-func checkCall(algorithm, key string, n int) error {
+func checkCall(ctx context.Context, algorithm, key string, n int) error {
+	if ctx == nil {
+		return fmt.Errorf("redlimit: inmem %s: nil context (use context.Background()): %w", algorithm, redlimit.ErrInvalidArgument)
+	}
 	if key == "" {
 		return fmt.Errorf("redlimit: inmem %s: key is empty: %w", algorithm, redlimit.ErrInvalidArgument)
 	}

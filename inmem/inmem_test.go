@@ -276,9 +276,9 @@ func BenchmarkAllow(b *testing.B) {
 	}
 }
 
-// Keys are checked as the Redis limiters check them: 1 to MaxKeyBytes
-// bytes, else ErrInvalidArgument, and a rejected key takes no memory.
-func TestKeyLength(t *testing.T) {
+// Calls are checked as the Redis limiters check them: a key of 1 to
+// MaxKeyBytes bytes and a ctx that is not nil, else ErrInvalidArgument.
+func TestCallArguments(t *testing.T) {
 	newLimiters := map[string]func() (redlimit.Limiter, error){
 		"fixed window":   func() (redlimit.Limiter, error) { return NewFixedWindow(5, time.Second) },
 		"sliding window": func() (redlimit.Limiter, error) { return NewSlidingWindow(5, time.Second, 100*time.Millisecond) },
@@ -299,7 +299,11 @@ func TestKeyLength(t *testing.T) {
 				_, err = l.Allow(ctx, key)
 				require.ErrorIs(t, err, redlimit.ErrInvalidArgument, "a key of %d bytes", len(key))
 				require.Less(t, len(err.Error()), 200, "the error does not grow with the key")
+				require.ErrorIs(t, l.Reset(ctx, key), redlimit.ErrInvalidArgument, "Reset of a key of %d bytes", len(key))
 			}
+			//lint:ignore SA1012 a nil ctx is what is tested
+			_, err = l.Allow(nil, "k")
+			require.ErrorIs(t, err, redlimit.ErrInvalidArgument, "a nil ctx, as for the Redis limiters")
 		})
 	}
 }

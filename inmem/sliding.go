@@ -118,11 +118,12 @@ func newLog(algorithm string, precision time.Duration, strategies []redlimit.Str
 }
 
 // AllowN takes n permits for key if every strategy has them, else none.
-// err is non-nil only for an empty key or n < 0
-// (redlimit.ErrInvalidArgument). n == 0 reports the state; n above the
-// smallest limit is denied with RetryAfter redlimit.Never.
+// err is non-nil only for a key that is empty or longer than
+// redlimit.MaxKeyBytes, n < 0 or a nil ctx (redlimit.ErrInvalidArgument).
+// n == 0 reports the state; n above the smallest limit is denied with
+// RetryAfter redlimit.Never.
 func (l *log) AllowN(ctx context.Context, key string, n int) (redlimit.Result, error) {
-	if err := checkCall(l.algorithm, key, n); err != nil {
+	if err := checkCall(ctx, l.algorithm, key, n); err != nil {
 		return redlimit.Result{}, err
 	}
 	now := l.store.nowUS(ctx)
@@ -303,8 +304,8 @@ func (l *log) TryAcquire(ctx context.Context, key string) error {
 }
 
 // Reset forgets all state of key.
-func (l *log) Reset(_ context.Context, key string) error {
-	if err := checkCall(l.algorithm, key, 0); err != nil {
+func (l *log) Reset(ctx context.Context, key string) error {
+	if err := checkCall(ctx, l.algorithm, key, 0); err != nil {
 		return err
 	}
 	l.store.reset(key)
