@@ -27,27 +27,35 @@ type breakerHarness struct {
 	lastErr error
 }
 
-func newBreakerHarness(t *testing.T, failures int, cooldown time.Duration) *breakerHarness {
+func newBreakerHarness(t *testing.T, cfg BreakerConfig) *breakerHarness {
 	h := &breakerHarness{now: epoch}
-	b, err := NewBreaker(BreakerConfig{
-		Failures: failures, Cooldown: cooldown,
-		Now: func() time.Time {
-			h.mu.Lock()
-			defer h.mu.Unlock()
-			return h.now
-		},
-		OnChange: func(c BreakerChange) {
-			h.mu.Lock()
-			defer h.mu.Unlock()
-			h.changes = append(h.changes, c.From.String()+">"+c.To.String())
-			if c.Err != nil {
-				h.lastErr = c.Err
-			}
-		},
-	})
+	cfg.Now = func() time.Time {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.now
+	}
+	cfg.OnChange = func(c BreakerChange) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		h.changes = append(h.changes, c.From.String()+">"+c.To.String())
+		if c.Err != nil {
+			h.lastErr = c.Err
+		}
+	}
+	b, err := NewBreaker(cfg)
 	require.NoError(t, err)
 	h.Breaker = b
 	return h
+}
+
+// waitState waits up to timeout for the breaker to be in want: a probe
+// may record its outcome after its caller has returned.
+func (h *breakerHarness) waitState(t *testing.T, want BreakerState, timeout time.Duration, why string) {
+	t.Helper()
+	for end := time.Now().Add(timeout); h.State() != want && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
+	require.Equal(t, want, h.State(), "%s (changes seen: %v)", why, h.seen())
 }
 
 func (h *breakerHarness) advance(d time.Duration) {
@@ -84,7 +92,7 @@ func TestBreakerOnKilledRedis(t *testing.T) {
 			// A client each: after PoolSize failed dials in a row, go-redis
 			// stops dialing for up to a second on its own.
 			rdb := recommendedClient(t, srv.Addr())
-			h := newBreakerHarness(t, 3, time.Second)
+			h := newBreakerHarness(t, BreakerConfig{Failures: 3, Cooldown: time.Second})
 			l, err := alg.new(rdb, 4, time.Second, WithBreaker(h.Breaker))
 			require.NoError(t, err)
 			_, err = l.Allow(context.Background(), "k")
@@ -172,7 +180,7 @@ func TestBreakerOnStoppedRedis(t *testing.T) {
 					t.Cleanup(func() { plain.Close() })
 					rdb = plain
 				}
-				h := newBreakerHarness(t, 3, time.Second)
+				h := newBreakerHarness(t, BreakerConfig{Failures: 3, Cooldown: time.Second})
 				l, err := NewTokenBucket(rdb, 10, PerSecond(10), WithBreaker(h.Breaker))
 				require.NoError(t, err)
 				_, err = l.Allow(context.Background(), "k")
@@ -213,7 +221,7 @@ func TestBreakerOnStoppedRedis(t *testing.T) {
 func TestBreakerStaysClosed(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
-		h := newBreakerHarness(t, 1, time.Second)
+		h := newBreakerHarness(t, BreakerConfig{Failures: 1, Cooldown: time.Second})
 		l, err := NewFixedWindow(b.rdb, 1, time.Minute, WithBreaker(h.Breaker), WithPrefix("closed:"))
 		require.NoError(t, err)
 		ctx := context.Background()
@@ -313,7 +321,7 @@ func TestBreakerOneProbe(t *testing.T) {
 	rdb := recommendedClient(t, srv.Addr())
 	sent := &commandRecorder{}
 	rdb.AddHook(sent)
-	h := newBreakerHarness(t, 1, time.Second)
+	h := newBreakerHarness(t, BreakerConfig{Failures: 1, Cooldown: time.Second})
 	l, err := NewFixedWindow(rdb, 100, time.Minute, WithBreaker(h.Breaker))
 	require.NoError(t, err)
 	_, err = l.Allow(context.Background(), "k")
@@ -346,8 +354,8 @@ func TestBreakerOneProbe(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	h.waitState(t, BreakerOpen, 5*time.Second, "the probe failed: open again")
 	require.Equal(t, 1, sent.scripts(), "exactly one probe reached Redis")
-	require.EqualValues(t, 1, slow.Load(), "the probe waited for its deadline")
+	require.EqualValues(t, 1, slow.Load(), "the probe's caller waited for its deadline")
 	require.EqualValues(t, 159, fast.Load())
-	require.Equal(t, BreakerOpen, h.State(), "the probe failed: open again")
 }

@@ -125,10 +125,12 @@ func TestBreakerOpensOnKilledRedisWithShortDeadlines(t *testing.T) {
 
 // After an outage, the half-open breaker's probe says whether Redis
 // answers, whoever's call carries it: callers whose deadlines are too short
-// for any Redis (here 1ms, against a healthy Redis 5ms away) and who call
-// first after every cooldown cannot keep it half-open, failing everyone
-// else with ErrUnavailable. The probe's caller still returns at its own
-// deadline.
+// for any Redis (here 1ms, against a healthy Redis 5ms away each way) or
+// who cancel mid-call, and who call first after every cooldown, cannot
+// keep it half-open, failing everyone else with ErrUnavailable. The
+// probe's caller still returns at its own deadline or cancel. MinDeadline
+// is 1s, the least the probe gets: far above a reconnect through the proxy,
+// however busy the machine.
 func TestBreakerProbeOutlivesShortDeadlines(t *testing.T) {
 	for _, c := range []struct {
 		name              string
@@ -140,14 +142,14 @@ func TestBreakerProbeOutlivesShortDeadlines(t *testing.T) {
 			require.NoError(t, err)
 			t.Cleanup(func() { proxy.Close() })
 			rdb := recommendedClient(t, proxy.Addr())
-			h := newBreakerHarness(t, 1, time.Second)
+			h := newBreakerHarness(t, BreakerConfig{Failures: 1, Cooldown: time.Second, MinDeadline: time.Second})
 			l, err := NewTokenBucket(rdb, 100, PerSecond(100), WithBreaker(h.Breaker))
 			require.NoError(t, err)
 
 			proxy.SetDrop(true)
-			_, err = callWithin(l, "k", 50*time.Millisecond)
-			require.ErrorIs(t, err, context.DeadlineExceeded)
-			require.Equal(t, BreakerOpen, h.State(), "a lost reply opens it")
+			_, err = callWithin(l, "k", 2*time.Second)
+			require.Error(t, err)
+			require.Equal(t, BreakerOpen, h.State(), "a reply lost for longer than the ReadTimeout (500ms) opens it")
 			proxy.SetDrop(c.paused)
 			proxy.SetDelay(5 * time.Millisecond)
 			h.advance(time.Second)
@@ -155,7 +157,7 @@ func TestBreakerProbeOutlivesShortDeadlines(t *testing.T) {
 			// The first call after the cooldown probes, and gives up first.
 			if c.cancelled {
 				ctx, cancel := context.WithCancel(context.Background())
-				time.AfterFunc(time.Millisecond, cancel)
+				rdb.AddHook(cancelOnScript{cancel})
 				_, err = l.Allow(ctx, "attacker")
 				require.ErrorIs(t, err, context.Canceled, "the caller returns when it cancels, not when the probe ends")
 			} else {
@@ -163,16 +165,33 @@ func TestBreakerProbeOutlivesShortDeadlines(t *testing.T) {
 				require.ErrorIs(t, err, context.DeadlineExceeded, "the caller returns at its deadline, not the probe's")
 			}
 			if c.paused {
-				require.Eventually(t, func() bool { return h.State() == BreakerOpen }, 2*time.Second, time.Millisecond,
-					"the probe, given MinDeadline, fails and re-opens the breaker (seen %v)", h.seen())
+				h.waitState(t, BreakerOpen, 5*time.Second, "the probe, given MinDeadline, fails and re-opens the breaker")
 				require.Equal(t, []string{"closed>open", "open>half-open", "half-open>open"}, h.seen())
 				return
 			}
-			require.Eventually(t, func() bool { return h.State() == BreakerClosed }, 2*time.Second, time.Millisecond,
-				"the probe outlives its caller and closes the breaker on a healthy Redis (seen %v)", h.seen())
+			h.waitState(t, BreakerClosed, 5*time.Second, "the probe outlives its caller and closes the breaker on a healthy Redis")
 			_, err = callWithin(l, "honest", time.Second)
 			require.NoError(t, err, "an honest caller is decided")
 			require.Equal(t, []string{"closed>open", "open>half-open", "half-open>closed"}, h.seen())
 		})
 	}
+}
+
+// cancelOnScript is a go-redis hook that calls cancel as a script command
+// is sent: a caller who cancels mid-call.
+type cancelOnScript struct{ cancel context.CancelFunc }
+
+func (c cancelOnScript) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c cancelOnScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			c.cancel()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (c cancelOnScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

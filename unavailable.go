@@ -55,9 +55,10 @@ type BreakerConfig struct {
 	// Cooldown is how long an open breaker answers at once before it lets
 	// exactly one call through to probe Redis (every other call keeps
 	// failing fast until the probe ends): a success closes the breaker, a
-	// failure opens it for another Cooldown. The probe is given at least
-	// MinDeadline and runs on when its caller gives up first (the caller
-	// returns at its own deadline or cancel), so callers with short
+	// failure opens it for another Cooldown. The probe runs on when its
+	// caller gives up first (the caller returns at its own deadline or
+	// cancel), with the caller's deadline or MinDeadline, whichever is
+	// later (none when the caller's ctx has none), so callers with short
 	// deadlines cannot keep the breaker from closing. Default 1s: recovery
 	// within a second of Redis coming back (go-redis itself re-dials once a
 	// second after a run of failed dials), one probe per second per breaker.
@@ -75,10 +76,11 @@ type BreakerConfig struct {
 	// is not counted. Default 20ms: far above what a healthy Redis takes
 	// (a script round trip is well under a millisecond on a LAN), far below
 	// a service's own deadlines. Raise it on a slow link (above 10× Redis's
-	// p99 round trip). While the breaker is closed, calls whose deadlines
-	// are all shorter than it leave a paused Redis to the client's
-	// ReadTimeout to detect (ClientOptions).
-	// Negative is ErrInvalidConfig.
+	// p99 round trip): it is also the least time a probe gets, and the
+	// first probe after an outage dials. While the breaker is closed,
+	// calls whose deadlines are all shorter than it leave a paused Redis
+	// to the client's ReadTimeout to detect (ClientOptions). Negative is
+	// ErrInvalidConfig.
 	MinDeadline time.Duration
 	// Now is the clock the cooldown is counted on. Default time.Now; a fake
 	// clock is for tests. It is not the limiter's WithClock: that one tells
