@@ -409,8 +409,8 @@ func TestSlidingLogManyStrategies(t *testing.T) {
 	})
 }
 
-// Two configurations of a fixed window or a bucket of which neither is
-// looser in both terms (a larger limit over a longer window, a larger
+// Two configurations of a fixed window, a sliding window or a bucket of
+// which neither is looser in both terms (a larger limit over a longer window, a larger
 // capacity at a slower rate: 10 at 10/s next to 100 at 1/s), alternating
 // on one key: the grants in any interval stay within the envelope of the
 // two, what a configuration with the larger limit over the shorter window
@@ -427,6 +427,8 @@ func TestSharedKeyNeitherLooser(t *testing.T) {
 			switch alg {
 			case "fixed_window":
 				return NewFixedWindow(rdb, c.limit, c.per, opts...)
+			case "sliding_window":
+				return NewSlidingWindow(rdb, c.limit, c.per, 100*time.Millisecond, opts...)
 			case "leaky_bucket":
 				return NewLeakyBucket(rdb, c.limit, Rate{Count: 1, Per: c.per}, opts...)
 			}
@@ -434,12 +436,15 @@ func TestSharedKeyNeitherLooser(t *testing.T) {
 		}
 	}
 	envelope := func(alg string, fast, large config) func(time.Duration) int {
-		if alg == "fixed_window" {
+		switch alg {
+		case "fixed_window":
 			return func(T time.Duration) int { return large.limit * (pairCeilDiv(T, fast.per) + 1) }
+		case "sliding_window":
+			return pairWindowBound(large.limit, fast.per, 100*time.Millisecond)
 		}
 		return func(T time.Duration) int { return large.limit + pairCeilDiv(T, fast.per) }
 	}
-	for _, alg := range []string{"fixed_window", "leaky_bucket", "token_bucket"} {
+	for _, alg := range []string{"fixed_window", "sliding_window", "leaky_bucket", "token_bucket"} {
 		t.Run(alg, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
 				ctx := context.Background()
@@ -449,7 +454,7 @@ func TestSharedKeyNeitherLooser(t *testing.T) {
 					large := config{fast.limit * (2 + rng.IntN(10)), fast.per * time.Duration(2+rng.IntN(20))}
 					if trace == 0 {
 						fast, large = config{10, 100 * time.Millisecond}, config{100, time.Second}
-						if alg == "fixed_window" {
+						if alg == "fixed_window" || alg == "sliding_window" {
 							fast, large = config{10, time.Second}, config{100, 100 * time.Second}
 						}
 					}
