@@ -103,14 +103,18 @@ func gcd(a, b int64) int64 {
 
 // AllowN takes n permits for key if all n are available, else none. err is
 // non-nil only for a key that is empty or longer than redlimit.MaxKeyBytes,
-// n < 0 or a nil ctx (redlimit.ErrInvalidArgument).
+// n < 0, a nil ctx or a clock outside 2001 to 2112
+// (redlimit.ErrInvalidArgument).
 // n == 0 reports the state; n above the capacity is denied with RetryAfter
 // redlimit.Never.
 func (b *bucket) AllowN(ctx context.Context, key string, n int) (redlimit.Result, error) {
 	if err := checkCall(ctx, b.algorithm, key, n); err != nil {
 		return redlimit.Result{}, err
 	}
-	now := b.store.nowUS(ctx)
+	now, err := b.store.nowUS(ctx, b.algorithm)
+	if err != nil {
+		return redlimit.Result{}, err
+	}
 	sh := b.store.shard(key)
 	sh.mu.Lock()
 	e := sh.m[key]

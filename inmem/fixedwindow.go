@@ -48,14 +48,18 @@ func NewFixedWindow(limit int, window time.Duration, opts ...Option) (*FixedWind
 
 // AllowN takes n permits for key if all n are available, else none. err is
 // non-nil only for a key that is empty or longer than redlimit.MaxKeyBytes,
-// n < 0 or a nil ctx (redlimit.ErrInvalidArgument).
+// n < 0, a nil ctx or a clock outside 2001 to 2112
+// (redlimit.ErrInvalidArgument).
 // n == 0 reports the state; n above the limit is denied with RetryAfter
 // redlimit.Never.
 func (l *FixedWindow) AllowN(ctx context.Context, key string, n int) (redlimit.Result, error) {
 	if err := checkCall(ctx, "fixed_window", key, n); err != nil {
 		return redlimit.Result{}, err
 	}
-	now := l.store.nowUS(ctx)
+	now, err := l.store.nowUS(ctx, "fixed_window")
+	if err != nil {
+		return redlimit.Result{}, err
+	}
 	sh := l.store.shard(key)
 	sh.mu.Lock()
 	e := sh.m[key]

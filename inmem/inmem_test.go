@@ -277,19 +277,32 @@ func BenchmarkAllow(b *testing.B) {
 }
 
 // Calls are checked as the Redis limiters check them: a key of 1 to
-// MaxKeyBytes bytes and a ctx that is not nil, else ErrInvalidArgument.
+// MaxKeyBytes bytes, a ctx that is not nil and a clock from 2001 to 2112,
+// else ErrInvalidArgument.
 func TestCallArguments(t *testing.T) {
-	newLimiters := map[string]func() (redlimit.Limiter, error){
-		"fixed window":   func() (redlimit.Limiter, error) { return NewFixedWindow(5, time.Second) },
-		"sliding window": func() (redlimit.Limiter, error) { return NewSlidingWindow(5, time.Second, 100*time.Millisecond) },
-		"sliding log": func() (redlimit.Limiter, error) {
-			return NewSlidingLog(100*time.Millisecond, []redlimit.Strategy{{Limit: 5, Window: time.Second}})
+	newLimiters := map[string]func(opts ...Option) (redlimit.Limiter, error){
+		"fixed window": func(opts ...Option) (redlimit.Limiter, error) { return NewFixedWindow(5, time.Second, opts...) },
+		"sliding window": func(opts ...Option) (redlimit.Limiter, error) {
+			return NewSlidingWindow(5, time.Second, 100*time.Millisecond, opts...)
 		},
-		"leaky bucket": func() (redlimit.Limiter, error) { return NewLeakyBucket(5, redlimit.PerSecond(1)) },
-		"token bucket": func() (redlimit.Limiter, error) { return NewTokenBucket(5, redlimit.PerSecond(1)) },
+		"sliding log": func(opts ...Option) (redlimit.Limiter, error) {
+			return NewSlidingLog(100*time.Millisecond, []redlimit.Strategy{{Limit: 5, Window: time.Second}}, opts...)
+		},
+		"leaky bucket": func(opts ...Option) (redlimit.Limiter, error) {
+			return NewLeakyBucket(5, redlimit.PerSecond(1), opts...)
+		},
+		"token bucket": func(opts ...Option) (redlimit.Limiter, error) {
+			return NewTokenBucket(5, redlimit.PerSecond(1), opts...)
+		},
 	}
 	for name, newLimiter := range newLimiters {
 		t.Run(name, func(t *testing.T) {
+			for _, at := range []time.Time{time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)} {
+				l, err := newLimiter(WithClock(func() time.Time { return at }))
+				require.NoError(t, err)
+				_, err = l.Allow(context.Background(), "k")
+				require.ErrorIs(t, err, redlimit.ErrInvalidArgument, "a clock at %v, outside what the scripts take", at)
+			}
 			l, err := newLimiter()
 			require.NoError(t, err)
 			ctx := context.Background()

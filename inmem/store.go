@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/internal/engine"
 )
 
@@ -108,17 +109,19 @@ func (st *store[S]) shard(key string) *shard[S] {
 
 // nowUS is the limiter's clock in Unix µs: its own (WithClock), else the
 // one of the redlimit limiter whose fallback it is deciding for, else
-// time.Now.
-func (st *store[S]) nowUS(ctx context.Context) int64 {
+// time.Now. A clock outside what the scripts take (2001 to 2112) is
+// ErrInvalidArgument, as it is for the Redis limiters.
+func (st *store[S]) nowUS(ctx context.Context, algorithm string) (int64, error) {
+	now := time.Now()
 	if st.now != nil {
-		return st.now().UnixMicro()
+		now = st.now()
+	} else if limiterNow, ok := engine.LimiterNow(ctx); ok {
+		now = limiterNow
 	}
-	if ctx != nil {
-		if now, ok := engine.LimiterNow(ctx); ok {
-			return now.UnixMicro()
-		}
+	if err := engine.CheckClock(redlimit.ErrInvalidArgument, "inmem "+algorithm, now); err != nil {
+		return 0, err
 	}
-	return time.Now().UnixMicro()
+	return now.UnixMicro(), nil
 }
 
 // put stores state for key after a decision at nowUS that changed it:

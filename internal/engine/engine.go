@@ -55,6 +55,17 @@ const maxClockUS = 1 << 52
 // counters and second or millisecond timestamps never have.
 const minClockUS = 1_000_000_000_000_000
 
+// CheckClock returns an error matching sentinel when a WithClock time is
+// outside what the scripts take (minClockUS to maxClockUS), else nil. The
+// clock is wrong, not the call, but it is found at call time, like a bad
+// argument; the in-process limiters refuse what the scripts would.
+func CheckClock(sentinel error, algorithm string, now time.Time) error {
+	if us := now.UnixMicro(); us < minClockUS || us > maxClockUS {
+		return Errorf(sentinel, "redlimit: %s: clock reads %v: must be between 2001-09-09 (10^15µs after the Unix epoch) and 2112 (2^52µs)", algorithm, now)
+	}
+	return nil
+}
+
 // Engine runs one algorithm's decisions. It is safe for concurrent use.
 type Engine struct {
 	rdb       redis.Scripter
@@ -175,13 +186,10 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 	var nowArg any = "" // the script reads the Redis server's TIME
 	if e.clock != nil {
 		now = e.clock()
-		us := now.UnixMicro()
-		if us < minClockUS || us > maxClockUS {
-			// The clock WithClock gave is wrong, not the call: but it is
-			// found at call time, like a bad argument, and never reaches
-			// Redis.
-			return Reply{}, false, Errorf(e.invalidArgument, "redlimit: %s: clock reads %v: must be between 2001-09-09 (10^15µs after the Unix epoch) and 2112 (2^52µs)", e.algorithm, now)
+		if err := CheckClock(e.invalidArgument, e.algorithm, now); err != nil {
+			return Reply{}, false, err
 		}
+		us := now.UnixMicro()
 		// The deny cache counts on the microsecond the script decides on,
 		// so that its Results equal the script's to the microsecond.
 		nowArg, now = us, time.UnixMicro(us)
