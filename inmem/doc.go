@@ -2,8 +2,12 @@
 // algorithms: FixedWindow, SlidingWindow, SlidingLog, LeakyBucket and
 // TokenBucket. Each decides exactly as the Redis limiter of the same
 // configuration does: the same Results, to the microsecond, for the same
-// calls at the same times, tested against the same reference models. What
-// they lack is sharing: their state lives in this process alone.
+// calls at the same times, tested against the same reference models. The
+// one difference: where a sliding script reports a RetryAfter longer than
+// the truth to keep its work bounded (a denial whose exact RetryAfter lies
+// more than 8 buckets into the window), these report the exact one, and a
+// sliding log names the strategy whose exact RetryAfter is the longest.
+// What they lack is sharing: their state lives in this process alone.
 //
 // # Alone or as a fallback
 //
