@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
 
@@ -225,25 +226,55 @@ func TestDenyCacheReset(t *testing.T) {
 	})
 }
 
+// replyGate holds back, once armed, the reply to the next decision on one
+// Redis key until released: a decision in flight while others run.
+type replyGate struct {
+	t                 *testing.T
+	armed             atomic.Bool
+	replied, released chan struct{}
+	once              sync.Once
+}
+
+func newReplyGate(t *testing.T, b backend, redisKey string) *replyGate {
+	g := &replyGate{t: t, replied: make(chan struct{}), released: make(chan struct{})}
+	b.rdb.AddHook(&commandRecorder{afterReply: func(c recordedCmd) {
+		if c.decision && c.key == redisKey && c.err == nil && g.armed.CompareAndSwap(true, false) {
+			close(g.replied)
+			<-g.released
+		}
+	}})
+	t.Cleanup(g.release) // never leave the in-flight call blocked, even on failure
+	return g
+}
+
+// hold runs call in a goroutine, returns once Redis has answered it, and
+// sends its Result when released.
+func (g *replyGate) hold(call func() (Result, error)) <-chan Result {
+	g.armed.Store(true)
+	out := make(chan Result, 1)
+	go func() {
+		r, err := call()
+		if err != nil {
+			g.t.Errorf("in-flight call: %v", err)
+		}
+		out <- r
+	}()
+	select {
+	case <-g.replied:
+	case <-time.After(10 * time.Second):
+		g.t.Fatal("the in-flight call never reached Redis")
+	}
+	return out
+}
+
+func (g *replyGate) release() { g.once.Do(func() { close(g.released) }) }
+
 func TestDenyCacheResetDuringDenial(t *testing.T) {
 	// A denial in flight when Reset runs was decided on the state Reset
 	// deleted: it must not be cached after Reset has returned.
 	forEachCacheAlgorithm(t, func(t *testing.T, b backend, alg algorithm) {
 		ctx := context.Background()
-		// Once armed, the gate holds back the reply to the next decision
-		// on the key until released.
-		var armed atomic.Bool
-		replied, released := make(chan struct{}), make(chan struct{})
-		gate := &commandRecorder{afterReply: func(c recordedCmd) {
-			if c.decision && c.key == cachedPrefix+"k" && c.err == nil && armed.CompareAndSwap(true, false) {
-				close(replied)
-				<-released
-			}
-		}}
-		b.rdb.AddHook(gate)
-		var releaseOnce sync.Once
-		release := func() { releaseOnce.Do(func() { close(released) }) }
-		t.Cleanup(release) // never leave the in-flight call blocked, even on failure
+		g := newReplyGate(t, b, cachedPrefix+"k")
 		clock := newClock()
 		l, err := alg.new(b.rdb, 3, 10*time.Second, WithClock(clock.Now), WithPrefix(cachedPrefix), WithDenyCache(16))
 		require.NoError(t, err)
@@ -251,22 +282,9 @@ func TestDenyCacheResetDuringDenial(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, r.Allowed, "exhaust the key")
 
-		armed.Store(true)
-		inFlight := make(chan Result, 1)
-		go func() {
-			r, err := l.AllowN(ctx, "k", 1)
-			if err != nil {
-				t.Errorf("in-flight AllowN: %v", err)
-			}
-			inFlight <- r
-		}()
-		select {
-		case <-replied:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the in-flight AllowN never reached Redis")
-		}
+		inFlight := g.hold(func() (Result, error) { return l.AllowN(ctx, "k", 1) })
 		require.NoError(t, l.Reset(ctx, "k"), "Reset while a denial is in flight")
-		release()
+		g.release()
 		require.False(t, (<-inFlight).Allowed, "the in-flight request was decided before Reset: denied")
 
 		r, err = l.AllowN(ctx, "k", 1)
@@ -351,4 +369,82 @@ func TestDenyCacheSameResultAsRedis(t *testing.T) {
 		t.Logf("%s: %d of %d calls answered locally", alg.name, local, calls)
 		require.Positive(t, local, "the cache answers some denials")
 	})
+}
+
+// A denial in flight when the same limiter grants on the key was decided
+// before that grant, but is stored after it: it must not be, or a later
+// request answered from the cache reports the Remaining and RetryAfter of
+// before the grant (a RetryAfter shorter than the truth).
+func TestDenyCacheGrantDuringDenial(t *testing.T) {
+	forEachCacheAlgorithm(t, func(t *testing.T, b backend, alg algorithm) {
+		ctx := context.Background()
+		g := newReplyGate(t, b, cachedPrefix+"k")
+		p := newCachePair(t, b, alg, 16)
+		p.call(t, "k", 1, "take 1 of 3")
+
+		inFlight := g.hold(func() (Result, error) { return p.cached.AllowN(ctx, "k", 3) })
+		r, err := p.cached.AllowN(ctx, "k", 1)
+		require.NoError(t, err)
+		require.True(t, r.Allowed, "1 of the 2 left, granted while the denial of 3 is in flight")
+		g.release()
+		require.False(t, (<-inFlight).Allowed, "3 of the 2 left: denied")
+		_, err = p.plain.AllowN(ctx, "k", 3)
+		require.NoError(t, err)
+		_, err = p.plain.AllowN(ctx, "k", 1)
+		require.NoError(t, err)
+
+		p.clock.Advance(time.Millisecond)
+		p.call(t, "k", 3, "ask for 3 again, after the grant")
+	})
+}
+
+// Without WithClock, a cached denial's RetryAfter counts from when the
+// reply came back, not from when the request left: the script decided in
+// between, so a request slow to reach Redis (20ms here) must not make the
+// cached RetryAfter shorter than Redis's (a caller who sleeps it would be
+// denied again).
+func TestDenyCacheSlowRequest(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		slow := redis.NewClient(b.rdb.Options())
+		t.Cleanup(func() { slow.Close() })
+		slow.AddHook(delayScripts{20 * time.Millisecond})
+		prefix := fmt.Sprintf("slow:%d:", time.Now().UnixNano())
+		cached, err := NewTokenBucket(slow, 1, PerSecond(1), WithPrefix(prefix), WithDenyCache(8))
+		require.NoError(t, err)
+		plain, err := NewTokenBucket(b.rdb, 1, PerSecond(1), WithPrefix(prefix))
+		require.NoError(t, err)
+		r, err := plain.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, r.Allowed, "the one token")
+		r, err = cached.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.False(t, r.Allowed, "denied by Redis, and cached")
+		got, err := cached.Allow(ctx, "k")
+		require.NoError(t, err)
+		truth, err := plain.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.False(t, got.Allowed || truth.Allowed, "both denied")
+		require.GreaterOrEqual(t, got.RetryAfter, truth.RetryAfter, "the cached RetryAfter, asked first, is never shorter than Redis's")
+		require.GreaterOrEqual(t, got.ResetAfter, truth.ResetAfter, "nor its ResetAfter")
+	})
+}
+
+// delayScripts is a go-redis hook that holds each script command for d
+// before sending it: a request slow to reach Redis.
+type delayScripts struct{ d time.Duration }
+
+func (h delayScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h delayScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			time.Sleep(h.d)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h delayScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

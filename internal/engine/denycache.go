@@ -2,6 +2,7 @@ package engine
 
 import (
 	"container/list"
+	"hash/maphash"
 	"math"
 	"strings"
 	"sync"
@@ -12,7 +13,9 @@ import (
 // recovers with time, so while a denial's RetryAfter has not passed, the
 // same request would be denied too: it can be answered here without a round
 // trip. Only a Reset from another process breaks that, and only until the
-// entry runs out.
+// entry runs out. (Another process's grant, or a clamp it writes after the
+// clock went back, leaves a cached denial a denial, but its durations as
+// they were: "unless something else consumes first".)
 //
 // A request for more permits than the cached denial is denied too, but its
 // RetryAfter is longer and unknown here; rather than report a wait shorter
@@ -24,12 +27,19 @@ type denyCache struct {
 	capacity int                      // requests above it can never be allowed
 	entries  map[string]*list.Element // key -> element holding *denial
 	lru      list.List                // front: most recently stored
-	// generation counts Resets: a denial decided before one is stale.
-	generation uint64
+	// generations count the grants and Resets of each stripe of keys
+	// (seed picks a key's stripe): a denial decided before one on its
+	// stripe is stale, and is not stored.
+	seed        maphash.Seed
+	generations [denyStripes]uint64
 	// bytes counts what the entries hold (entryBytes each); maxBytes bounds
 	// it, whatever the length of the keys.
 	bytes, maxBytes int
 }
+
+// denyStripes is how many stripes of keys the generations are kept for:
+// a grant makes only the denials in flight on its stripe stale.
+const denyStripes = 64
 
 type denial struct {
 	key     string
@@ -42,7 +52,7 @@ type denial struct {
 }
 
 func newDenyCache(size, capacity int) *denyCache {
-	c := &denyCache{size: size, capacity: capacity, entries: make(map[string]*list.Element)}
+	c := &denyCache{size: size, capacity: capacity, entries: make(map[string]*list.Element), seed: maphash.MakeSeed()}
 	c.maxBytes = int(min(int64(size)*maxEntryBytes, math.MaxInt))
 	c.lru.Init()
 	return c
@@ -82,34 +92,50 @@ func (c *denyCache) lookup(key string, n int, now time.Time) (Reply, bool) {
 	return r, true
 }
 
-// begin returns the generation a decision starts in, to pass to store.
-func (c *denyCache) begin() uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.generation
+func (c *denyCache) stripe(key string) int {
+	return int(maphash.String(c.seed, key) % denyStripes)
 }
 
-// store records the outcome of a request of n permits decided at now, begun
-// in generation gen. A denial is kept; an allowed request drops the key's
-// denial, whose RetryAfter it has just made too short. Denials that can never
-// be allowed carry no time to wait and are not kept, nor are denials begun
-// before a Reset.
-func (c *denyCache) store(key string, n int, r Reply, now time.Time, gen uint64) {
+// begin returns the generation a decision on key starts in, to pass to
+// store.
+func (c *denyCache) begin(key string) uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.generations[c.stripe(key)]
+}
+
+// store records the outcome of a request of n permits, begun at began in
+// generation gen and answered at answered (on the limiter's clock: the
+// same instant under WithClock). A denial is kept; a grant drops the key's
+// denial, whose RetryAfter it has just made too short, and makes denials
+// still in flight on its stripe stale: decided before it, they would be
+// stored after it. Denials that can never be allowed carry no time to wait
+// and are not kept, nor are stale ones.
+//
+// The script decided between began and answered: the denial runs out
+// counted from began, so never later than the script's would, and its
+// RetryAfter and ResetAfter are counted from answered, so never shorter
+// than the script's however long the request took to reach Redis.
+func (c *denyCache) store(key string, n int, r Reply, began, answered time.Time, gen uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	stripe := c.stripe(key)
 	if r.Allowed {
-		if el, ok := c.entries[key]; ok && n > 0 {
-			c.remove(el)
+		if n > 0 {
+			c.generations[stripe]++
+			if el, ok := c.entries[key]; ok {
+				c.remove(el)
+			}
 		}
 		return
 	}
 	// The denial holds while its RetryAfter runs, and its Result while
 	// Remaining stays as it is: the shorter of the two.
 	hold := min(r.RetryAfter, r.Stable)
-	if r.RetryAfter == Never || hold <= 0 || gen != c.generation {
+	if r.RetryAfter == Never || hold <= 0 || gen != c.generations[stripe] {
 		return
 	}
-	d := &denial{n: n, at: now, until: now.Add(hold), retryAt: now.Add(r.RetryAfter), resetAt: now.Add(r.ResetAfter), reply: r}
+	d := &denial{n: n, at: began, until: began.Add(hold), retryAt: answered.Add(r.RetryAfter), resetAt: answered.Add(r.ResetAfter), reply: r}
 	if el, ok := c.entries[key]; ok {
 		d.key = el.Value.(*denial).key
 		el.Value = d
@@ -150,11 +176,11 @@ func entryBytes(key string) int { return entryOverhead + keyBytes(len(key)) }
 func keyBytes(n int) int { return n + n/4 }
 
 // forget drops key's denial, after a Reset, and makes denials still in
-// flight stale.
+// flight on its stripe stale.
 func (c *denyCache) forget(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.generation++
+	c.generations[c.stripe(key)]++
 	if el, ok := c.entries[key]; ok {
 		c.remove(el)
 	}

@@ -24,7 +24,7 @@ func TestDenyCacheLookup(t *testing.T) {
 	require.False(t, ok, "an empty cache should answer nothing")
 
 	stored := denied(1, 100*time.Millisecond, 300*time.Millisecond, 2)
-	c.store("k", 2, stored, t0, c.begin())
+	c.store("k", 2, stored, t0, t0, c.begin("k"))
 
 	tests := []struct {
 		name   string
@@ -63,7 +63,7 @@ func TestDenyCacheLookup(t *testing.T) {
 
 func TestDenyCacheExpiry(t *testing.T) {
 	c := newDenyCache(4, 3)
-	c.store("k", 1, denied(0, 100*time.Millisecond, 100*time.Millisecond, 0), t0, c.begin())
+	c.store("k", 1, denied(0, 100*time.Millisecond, 100*time.Millisecond, 0), t0, t0, c.begin("k"))
 	_, ok := c.lookup("k", 1, t0.Add(100*time.Millisecond))
 	require.False(t, ok, "once RetryAfter has passed the request should go to Redis")
 	require.Empty(t, c.entries, "an expired entry should be dropped on lookup")
@@ -74,7 +74,7 @@ func TestDenyCacheResetAfterNotBelowRetryAfter(t *testing.T) {
 	// A reply whose ResetAfter is shorter than its RetryAfter must not make
 	// the cache report a key back to its initial state before it may retry.
 	c := newDenyCache(4, 3)
-	c.store("k", 1, denied(0, 100*time.Millisecond, 50*time.Millisecond, 0), t0, c.begin())
+	c.store("k", 1, denied(0, 100*time.Millisecond, 50*time.Millisecond, 0), t0, t0, c.begin("k"))
 	got, ok := c.lookup("k", 1, t0.Add(10*time.Millisecond))
 	require.True(t, ok, "the denial should be cached")
 	require.Equal(t, 90*time.Millisecond, got.RetryAfter, "RetryAfter counted down")
@@ -93,7 +93,7 @@ func TestDenyCacheStoreSkips(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newDenyCache(4, 3)
-			c.store("k", 1, tc.reply, t0, c.begin())
+			c.store("k", 1, tc.reply, t0, t0, c.begin("k"))
 			_, ok := c.lookup("k", 1, t0)
 			require.False(t, ok, "a reply %+v should not be cached", tc.reply)
 			require.Empty(t, c.entries, "nothing should be stored")
@@ -103,8 +103,8 @@ func TestDenyCacheStoreSkips(t *testing.T) {
 
 func TestDenyCacheStoreReplaces(t *testing.T) {
 	c := newDenyCache(4, 3)
-	c.store("k", 3, denied(0, time.Second, time.Second, 0), t0, c.begin())
-	c.store("k", 1, denied(0, 10*time.Millisecond, time.Second, 0), t0, c.begin())
+	c.store("k", 3, denied(0, time.Second, time.Second, 0), t0, t0, c.begin("k"))
+	c.store("k", 1, denied(0, 10*time.Millisecond, time.Second, 0), t0, t0, c.begin("k"))
 	require.Len(t, c.entries, 1, "one entry per key")
 	require.Equal(t, 1, c.lru.Len(), "one list element per key")
 	got, ok := c.lookup("k", 1, t0)
@@ -114,8 +114,8 @@ func TestDenyCacheStoreReplaces(t *testing.T) {
 
 func TestDenyCacheForget(t *testing.T) {
 	c := newDenyCache(4, 3)
-	c.store("a", 1, denied(0, time.Second, time.Second, 0), t0, c.begin())
-	c.store("b", 1, denied(0, time.Second, time.Second, 0), t0, c.begin())
+	c.store("a", 1, denied(0, time.Second, time.Second, 0), t0, t0, c.begin("a"))
+	c.store("b", 1, denied(0, time.Second, time.Second, 0), t0, t0, c.begin("b"))
 	c.forget("a")
 	c.forget("missing") // a no-op
 	_, ok := c.lookup("a", 1, t0)
@@ -133,15 +133,15 @@ func TestDenyCacheEviction(t *testing.T) {
 		_, ok := c.lookup(key, 1, t0)
 		return ok
 	}
-	c.store("a", 1, deny, t0, c.begin())
-	c.store("b", 1, deny, t0, c.begin())
-	c.store("c", 1, deny, t0, c.begin())
+	c.store("a", 1, deny, t0, t0, c.begin("a"))
+	c.store("b", 1, deny, t0, t0, c.begin("b"))
+	c.store("c", 1, deny, t0, t0, c.begin("c"))
 	require.False(t, has("a"), "the oldest entry should be evicted by the third key")
 	require.True(t, has("b"), "b should stay")
 	require.True(t, has("c"), "c should stay")
 
-	c.store("b", 1, deny, t0, c.begin()) // stored again: now the newest
-	c.store("d", 1, deny, t0, c.begin())
+	c.store("b", 1, deny, t0, t0, c.begin("b")) // stored again: now the newest
+	c.store("d", 1, deny, t0, t0, c.begin("d"))
 	require.False(t, has("c"), "c, now the least recently stored, should be evicted")
 	require.True(t, has("b"), "b was stored again and should stay")
 	require.True(t, has("d"), "d should stay")
@@ -169,7 +169,7 @@ func TestDenyCacheClockBackwards(t *testing.T) {
 	// themselves clamp their state so that a key is never locked out for
 	// longer than its configuration allows.
 	c := newDenyCache(4, 3)
-	c.store("k", 1, denied(0, 100*time.Millisecond, 100*time.Millisecond, 0), t0, c.begin())
+	c.store("k", 1, denied(0, 100*time.Millisecond, 100*time.Millisecond, 0), t0, t0, c.begin("k"))
 	got, ok := c.lookup("k", 1, t0.Add(-time.Hour))
 	if ok {
 		require.LessOrEqual(t, got.RetryAfter, 100*time.Millisecond,
@@ -189,7 +189,7 @@ func TestDenyCacheConcurrent(t *testing.T) {
 				now := t0.Add(time.Duration(i) * time.Millisecond)
 				switch i % 3 {
 				case 0:
-					c.store(key, 1, denied(0, 5*time.Millisecond, 10*time.Millisecond, 0), now, c.begin())
+					c.store(key, 1, denied(0, 5*time.Millisecond, 10*time.Millisecond, 0), now, now, c.begin(key))
 				case 1:
 					if r, ok := c.lookup(key, 1, now); ok && (r.Allowed || r.RetryAfter <= 0) {
 						t.Errorf("lookup(%q) returned %+v, want a denial with a time to wait", key, r)
@@ -241,7 +241,7 @@ func TestDenyCacheMemoryBound(t *testing.T) {
 	long := make([]byte, 10<<10)
 	for i := range size {
 		copy(long, fmt.Sprintf("%08d", i))
-		c.store(string(long), 1, denied(0, time.Minute, time.Minute, 0), t0, c.begin())
+		c.store(string(long), 1, denied(0, time.Minute, time.Minute, 0), t0, t0, c.begin(string(long)))
 	}
 	grown := int64(heapAlloc()) - int64(before)
 	bound := int64(size * maxEntryBytes)
@@ -254,7 +254,8 @@ func TestDenyCacheMemoryBound(t *testing.T) {
 	// Short keys: the byte bound never shrinks the cache below size entries.
 	c = newDenyCache(size, 3)
 	for i := range size + 10 {
-		c.store(fmt.Sprintf("203.0.113.%d:%d", i%256, i), 1, denied(0, time.Minute, time.Minute, 0), t0, c.begin())
+		key := fmt.Sprintf("203.0.113.%d:%d", i%256, i)
+		c.store(key, 1, denied(0, time.Minute, time.Minute, 0), t0, t0, c.begin(key))
 	}
 	require.Equal(t, size, c.lru.Len(), "short keys: size entries")
 }
@@ -268,7 +269,7 @@ func TestDenyCacheCopiesKeys(t *testing.T) {
 	for i := range entries {
 		header := make([]byte, 64<<10)
 		copy(header, fmt.Sprintf("%016d", i))
-		c.store(string(header)[:16], 1, denied(0, time.Minute, time.Minute, 0), t0, c.begin())
+		c.store(string(header)[:16], 1, denied(0, time.Minute, time.Minute, 0), t0, t0, c.begin(string(header)[:16]))
 	}
 	grown := int64(heapAlloc()) - int64(before)
 	require.Less(t, grown, int64(entries*maxEntryBytes), "1000 entries of 16-byte keys, not 1000 × 64 KiB")

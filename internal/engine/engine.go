@@ -204,7 +204,7 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 		if r, ok := e.cache.lookup(key, n, now); ok {
 			return r, true, nil
 		}
-		generation = e.cache.begin()
+		generation = e.cache.begin(key)
 	}
 	text, err := e.guardedRun(ctx, key, nowArg, n)
 	if err != nil {
@@ -225,7 +225,11 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 		return Reply{}, false, fmt.Errorf("redlimit: %s: %w", e.algorithm, err)
 	}
 	if e.cache != nil {
-		e.cache.store(key, n, r, now, generation)
+		answered := now
+		if e.clock == nil {
+			answered = time.Now()
+		}
+		e.cache.store(key, n, r, now, answered, generation)
 	}
 	return r, false, nil
 }
