@@ -192,11 +192,11 @@ func WithClock(now func() time.Time) Option {
 // though denied too, goes to Redis: only Redis knows its longer RetryAfter.
 // An allowed request (even one decided while a denial was in flight), a
 // Reset through this limiter, or a clock that went back drops the key's
-// entry; when full, the oldest stored entry goes. Its
-// memory is bounded by about size × 608 bytes whatever the keys' length
-// (keys are copied, so the cache never keeps a larger string alive): keys
-// longer than 256 bytes on average make it keep fewer entries. size <= 0 is
-// ErrInvalidConfig. Default: off.
+// entry; when full, the oldest stored entry goes. Its memory is bounded by
+// about size × 608 bytes whatever the keys' length (keys are copied, so the
+// cache never keeps a larger string alive): keys longer than 256 bytes on
+// average make it keep fewer entries. size <= 0 is ErrInvalidConfig.
+// Default: off.
 func WithDenyCache(size int) Option {
 	return func(o *options) { o.denyCache, o.denyCacheSet = size, true }
 }

@@ -40,9 +40,9 @@
 // in their initial state go first, then the key nearest to it, the one
 // with the smallest share of its limit in use. A key whose permits are
 // spent goes last, so a client cannot buy its denied key back by sending
-// requests for new keys (only by filling the store with keys it spends
-// to their limits: keep WithMaxKeys well above the keys in use). A key is 1 to
-// redlimit.MaxKeyBytes bytes, as for the Redis limiters; an empty or
+// requests for new keys (only by filling the store with keys it spends to
+// their limits: keep WithMaxKeys well above the keys in use). A key is 1
+// to redlimit.MaxKeyBytes bytes, as for the Redis limiters; an empty or
 // longer one is ErrInvalidArgument.
 //
 // # Clocks

@@ -120,8 +120,8 @@ func newLog(algorithm string, precision time.Duration, strategies []redlimit.Str
 // AllowN takes n permits for key if every strategy has them, else none.
 // err is non-nil only for a key that is empty or longer than
 // redlimit.MaxKeyBytes, n < 0, a nil ctx or a clock outside 2001 to 2112
-// (redlimit.ErrInvalidArgument). n == 0 reports the state; n above the smallest limit is denied with
-// RetryAfter redlimit.Never.
+// (redlimit.ErrInvalidArgument). n == 0 reports the state; n above the
+// smallest limit is denied with RetryAfter redlimit.Never.
 func (l *log) AllowN(ctx context.Context, key string, n int) (redlimit.Result, error) {
 	if err := checkCall(ctx, l.algorithm, key, n); err != nil {
 		return redlimit.Result{}, err
