@@ -37,22 +37,25 @@ func (m *LeakyBucket) Reset() {
 	m.hasState, m.level, m.lastUS = false, nil, 0
 }
 
-// levelAt returns ℓ(t) = clamp(ℓ0 - (t - t0)·R, 0, C); for t < t0 (the clock
-// went backwards) the level rises. Without state the level is 0.
-func (m *LeakyBucket) levelAt(t int64) *big.Rat {
+// levelAt returns ℓ(t) = clamp(ℓ0 - (t - t0)·R, 0, C), and whether it was
+// clamped at C: for t < t0 (the clock went backwards) the level rises, and
+// above C it reads as full. Without state the level is 0.
+func (m *LeakyBucket) levelAt(t int64) (*big.Rat, bool) {
 	if !m.hasState {
-		return new(big.Rat)
+		return new(big.Rat), false
 	}
 	leaked := new(big.Rat).Mul(big.NewRat(t-m.lastUS, 1), m.rate)
 	level := new(big.Rat).Sub(m.level, leaked)
-	return clampRat(level, new(big.Rat), m.capacity)
+	return clampRat(level, new(big.Rat), m.capacity), level.Cmp(m.capacity) > 0
 }
 
-// Step decides a request for n permits at time nowUS. The normalised level
-// at nowUS is stored at every call, granted or not.
+// Step decides a request for n permits at time nowUS. Like the scripts, it
+// stores the level only when it grants, or when the clock went back so far
+// that the level read as full (so that no key stays full for longer than
+// C/R from now): a denial or n == 0 otherwise changes nothing.
 func (m *LeakyBucket) Step(nowUS int64, n int64) Result {
 	t, C := nowUS, m.capacity
-	level := m.levelAt(t)
+	level, full := m.levelAt(t)
 	want := new(big.Rat).Add(level, big.NewRat(n, 1)) // ℓ + n
 
 	res := Result{Limit: floorRat(C)}
@@ -70,7 +73,9 @@ func (m *LeakyBucket) Step(nowUS int64, n int64) Result {
 		res.RetryAfterUS = ceilRat(over.Quo(over, m.rate))
 	}
 
-	m.hasState, m.level, m.lastUS = true, level, t
+	if (res.Allowed && n > 0) || full {
+		m.hasState, m.level, m.lastUS = true, level, t
+	}
 
 	res.Remaining = floorRat(new(big.Rat).Sub(C, level))
 	res.ResetAfterUS = ceilRat(new(big.Rat).Quo(level, m.rate))

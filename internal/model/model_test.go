@@ -252,10 +252,10 @@ var bucketTables = []struct {
 		{2999, 3, false, 2, 1, 1},    // level 0.001
 		{3000, 3, true, 0, 0, 3000},
 	}},
-	{"clock backwards from a stored empty bucket", []step{
-		{10000, 0, true, 3, 0, 0},   // stores level 0 at 10000
-		{9000, 1, true, 1, 0, 2000}, // level 1 at 9000
-		{8000, 2, false, 0, 2000, 3000},
+	{"a look before the clock goes back changes nothing", []step{
+		{10000, 0, true, 3, 0, 0},   // n == 0 stores nothing
+		{9000, 1, true, 2, 0, 1000}, // level 1 at 9000, as if the look never was
+		{8000, 2, false, 1, 1000, 2000},
 	}},
 }
 

@@ -38,22 +38,25 @@ func (m *TokenBucket) Reset() {
 	m.hasState, m.tokens, m.lastUS = false, nil, 0
 }
 
-// tokensAt returns τ(t) = clamp(τ0 + (t - t0)·R, 0, C); for t < t0 (the
-// clock went backwards) tokens are lost. Without state the bucket is full.
-func (m *TokenBucket) tokensAt(t int64) *big.Rat {
+// tokensAt returns τ(t) = clamp(τ0 + (t - t0)·R, 0, C), and whether it was
+// clamped at 0: for t < t0 (the clock went backwards) tokens are lost, and
+// below 0 the bucket reads as empty. Without state the bucket is full.
+func (m *TokenBucket) tokensAt(t int64) (*big.Rat, bool) {
 	if !m.hasState {
-		return new(big.Rat).Set(m.capacity)
+		return new(big.Rat).Set(m.capacity), false
 	}
 	refill := new(big.Rat).Mul(big.NewRat(t-m.lastUS, 1), m.rate)
 	tokens := new(big.Rat).Add(m.tokens, refill)
-	return clampRat(tokens, new(big.Rat), m.capacity)
+	return clampRat(tokens, new(big.Rat), m.capacity), tokens.Sign() < 0
 }
 
-// Step decides a request for n permits at time nowUS. The normalised token
-// count at nowUS is stored at every call, granted or not.
+// Step decides a request for n permits at time nowUS. Like the scripts, it
+// stores the token count only when it grants, or when the clock went back
+// so far that the bucket read as empty (so that no key stays empty for
+// longer than C/R from now): a denial or n == 0 otherwise changes nothing.
 func (m *TokenBucket) Step(nowUS int64, n int64) Result {
 	t, C := nowUS, m.capacity
-	tokens := m.tokensAt(t)
+	tokens, empty := m.tokensAt(t)
 	need := big.NewRat(n, 1)
 
 	res := Result{Limit: floorRat(C)}
@@ -71,7 +74,9 @@ func (m *TokenBucket) Step(nowUS int64, n int64) Result {
 		res.RetryAfterUS = ceilRat(missing.Quo(missing, m.rate))
 	}
 
-	m.hasState, m.tokens, m.lastUS = true, tokens, t
+	if (res.Allowed && n > 0) || empty {
+		m.hasState, m.tokens, m.lastUS = true, tokens, t
+	}
 
 	res.Remaining = floorRat(tokens)
 	missing := new(big.Rat).Sub(C, tokens)
