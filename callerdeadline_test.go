@@ -157,7 +157,7 @@ func TestBreakerProbeOutlivesShortDeadlines(t *testing.T) {
 			// The first call after the cooldown probes, and gives up first.
 			if c.cancelled {
 				ctx, cancel := context.WithCancel(context.Background())
-				rdb.AddHook(cancelOnScript{cancel})
+				rdb.AddHook(beforeDecision{cancel})
 				_, err = l.Allow(ctx, "attacker")
 				require.ErrorIs(t, err, context.Canceled, "the caller returns when it cancels, not when the probe ends")
 			} else {
@@ -175,23 +175,4 @@ func TestBreakerProbeOutlivesShortDeadlines(t *testing.T) {
 			require.Equal(t, []string{"closed>open", "open>half-open", "half-open>closed"}, h.seen())
 		})
 	}
-}
-
-// cancelOnScript is a go-redis hook that calls cancel as a script command
-// is sent: a caller who cancels mid-call.
-type cancelOnScript struct{ cancel context.CancelFunc }
-
-func (c cancelOnScript) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (c cancelOnScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
-			c.cancel()
-		}
-		return next(ctx, cmd)
-	}
-}
-
-func (c cancelOnScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }

@@ -408,7 +408,7 @@ func TestDenyCacheSlowRequest(t *testing.T) {
 		ctx := context.Background()
 		slow := redis.NewClient(b.rdb.Options())
 		t.Cleanup(func() { slow.Close() })
-		slow.AddHook(delayScripts{20 * time.Millisecond})
+		slow.AddHook(beforeDecision{func() { time.Sleep(20 * time.Millisecond) }})
 		prefix := fmt.Sprintf("slow:%d:", time.Now().UnixNano())
 		cached, err := NewTokenBucket(slow, 1, PerSecond(1), WithPrefix(prefix), WithDenyCache(8))
 		require.NoError(t, err)
@@ -428,23 +428,4 @@ func TestDenyCacheSlowRequest(t *testing.T) {
 		require.GreaterOrEqual(t, got.RetryAfter, truth.RetryAfter, "the cached RetryAfter, asked first, is never shorter than Redis's")
 		require.GreaterOrEqual(t, got.ResetAfter, truth.ResetAfter, "nor its ResetAfter")
 	})
-}
-
-// delayScripts is a go-redis hook that holds each script command for d
-// before sending it: a request slow to reach Redis.
-type delayScripts struct{ d time.Duration }
-
-func (h delayScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h delayScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
-			time.Sleep(h.d)
-		}
-		return next(ctx, cmd)
-	}
-}
-
-func (h delayScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }

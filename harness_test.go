@@ -423,6 +423,26 @@ type ttlKeeper struct {
 	ttl time.Duration
 }
 
+// beforeDecision is a go-redis hook that calls do as each decision (a
+// script call with arguments) is sent: a caller who cancels mid-call, a
+// request slow to reach Redis.
+type beforeDecision struct{ do func() }
+
+func (h beforeDecision) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h beforeDecision) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if record(cmd, nil).decision {
+			h.do()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h beforeDecision) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
 // keepTTL adds a ttlKeeper of ttl to rdb, unless it has one.
 func keepTTL(rdb *redis.Client, ttl time.Duration) {
 	if _, had := ttlKept.LoadOrStore(rdb, true); !had {
