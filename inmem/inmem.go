@@ -76,14 +76,8 @@ func permits(algorithm, field string, n int) error {
 
 // checkCall rejects what the Redis limiters reject before a round trip.
 func checkCall(ctx context.Context, algorithm, key string, n int) error {
-	if ctx == nil {
-		return fmt.Errorf("redlimit: inmem %s: nil context (use context.Background()): %w", algorithm, redlimit.ErrInvalidArgument)
-	}
-	if key == "" {
-		return fmt.Errorf("redlimit: inmem %s: key is empty: %w", algorithm, redlimit.ErrInvalidArgument)
-	}
-	if len(key) > redlimit.MaxKeyBytes {
-		return fmt.Errorf("redlimit: inmem %s: key %s: must be at most %d bytes: %w", algorithm, engine.QuoteKey(key), redlimit.MaxKeyBytes, redlimit.ErrInvalidArgument)
+	if err := engine.CheckArgs(redlimit.ErrInvalidArgument, "inmem "+algorithm, ctx, key); err != nil {
+		return err
 	}
 	if n < 0 {
 		return fmt.Errorf("redlimit: inmem %s: n %d: must not be negative: %w", algorithm, n, redlimit.ErrInvalidArgument)

@@ -112,16 +112,21 @@ func (st *store[S]) shard(key string) *shard[S] {
 // time.Now. A clock outside what the scripts take (2001 to 2112) is
 // ErrInvalidArgument, as it is for the Redis limiters.
 func (st *store[S]) nowUS(ctx context.Context, algorithm string) (int64, error) {
-	now := time.Now()
-	if st.now != nil {
-		now = st.now()
-	} else if limiterNow, ok := engine.LimiterNow(ctx); ok {
-		now = limiterNow
-	}
+	now := st.clock(ctx)
 	if err := engine.CheckClock(redlimit.ErrInvalidArgument, "inmem "+algorithm, now); err != nil {
 		return 0, err
 	}
 	return now.UnixMicro(), nil
+}
+
+func (st *store[S]) clock(ctx context.Context) time.Time {
+	if st.now != nil {
+		return st.now()
+	}
+	if now, ok := engine.LimiterNow(ctx); ok {
+		return now
+	}
+	return time.Now()
 }
 
 // put stores state for key after a decision at nowUS that changed it:

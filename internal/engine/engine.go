@@ -176,7 +176,7 @@ func (e *Engine) Decide(ctx context.Context, key string, n int) (Reply, error) {
 }
 
 func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local bool, err error) {
-	if err := e.checkArgs(ctx, key); err != nil {
+	if err := CheckArgs(e.invalidArgument, e.algorithm, ctx, key); err != nil {
 		return Reply{}, false, err
 	}
 	if n < 0 {
@@ -240,7 +240,7 @@ var resetScript = redis.NewScript(`return redis.call('DEL', KEYS[1])`)
 
 // Reset forgets all state of key, in Redis and in the deny cache.
 func (e *Engine) Reset(ctx context.Context, key string) error {
-	if err := e.checkArgs(ctx, key); err != nil {
+	if err := CheckArgs(e.invalidArgument, e.algorithm, ctx, key); err != nil {
 		return err
 	}
 	if e.cache != nil {
@@ -281,19 +281,20 @@ func (e *Engine) redisError(ctx context.Context, key, op string, err error) erro
 // did not write: "NOTOURS holds <what>, ...".
 const foreignPrefix = "NOTOURS "
 
-// checkArgs checks what every call carries: a key of 1 to MaxKeyBytes
-// bytes (the prefix is not counted). A nil ctx is refused like a bad
-// argument: the standard library's rule is never to pass one, and a limiter
-// in front of every request must not panic on it.
-func (e *Engine) checkArgs(ctx context.Context, key string) error {
+// CheckArgs checks what every call carries, for the Redis limiters and the
+// in-process ones alike: a key of 1 to MaxKeyBytes bytes (the prefix is not
+// counted), and a ctx. A nil ctx is refused like a bad argument: the
+// standard library's rule is never to pass one, and a limiter in front of
+// every request must not panic on it. Errors match sentinel.
+func CheckArgs(sentinel error, algorithm string, ctx context.Context, key string) error {
 	if ctx == nil {
-		return Errorf(e.invalidArgument, "redlimit: %s: nil context (use context.Background())", e.algorithm)
+		return Errorf(sentinel, "redlimit: %s: nil context (use context.Background())", algorithm)
 	}
 	if key == "" {
-		return Errorf(e.invalidArgument, "redlimit: %s: key is empty", e.algorithm)
+		return Errorf(sentinel, "redlimit: %s: key is empty", algorithm)
 	}
 	if len(key) > MaxKeyBytes {
-		return Errorf(e.invalidArgument, "redlimit: %s: key %s: must be at most %d bytes", e.algorithm, QuoteKey(key), MaxKeyBytes)
+		return Errorf(sentinel, "redlimit: %s: key %s: must be at most %d bytes", algorithm, QuoteKey(key), MaxKeyBytes)
 	}
 	return nil
 }
