@@ -66,8 +66,8 @@ func ClientIP(trustedProxies ...netip.Prefix) KeyFunc {
 // whose peer is not trusted is keyed by the peer's address. An entry from a
 // trusted proxy that is not an address is an error (the chain is
 // misconfigured), except Forwarded's "unknown" and obfuscated identifiers
-// ("_hidden"), which a proxy writes on purpose: the identifier is then the
-// key, so such clients share one limit. It panics on an invalid p: a
+// ("_hidden"), which a proxy writes on purpose: the identifier, without a
+// port, is then the key, so such clients share one limit. It panics on an invalid p: a
 // programming error, caught at start-up.
 func ClientIPBehind(p Proxies) KeyFunc {
 	header := http.CanonicalHeaderKey(p.Header)
@@ -177,10 +177,10 @@ func readForwarded(r *http.Request, isTrusted func(netip.Addr) bool) (string, er
 			if !ok {
 				continue // an element without for=: it says nothing of the client
 			}
-			if node == "unknown" || strings.HasPrefix(node, "_") {
+			if name, hidden := hiddenNode(node); hidden {
 				// The proxy hid the client on purpose; nothing left of it
 				// can be believed.
-				return node, nil
+				return name, nil
 			}
 			addr, err := parseAddr(node)
 			if err != nil {
@@ -201,6 +201,21 @@ func readForwarded(r *http.Request, isTrusted func(netip.Addr) bool) (string, er
 		}
 	}
 	return client, nil
+}
+
+// hiddenNode reports a for= node that hides the client (RFC 7239 §6):
+// "unknown", in any case, or an obfuscated identifier ("_" and more), and
+// returns its name without the port a proxy may add: a port that differs
+// per connection must not give one client a key per connection.
+func hiddenNode(node string) (name string, hidden bool) {
+	name, _, _ = strings.Cut(node, ":")
+	switch {
+	case strings.EqualFold(name, "unknown"):
+		return "unknown", true
+	case strings.HasPrefix(name, "_"):
+		return name, true
+	}
+	return "", false
 }
 
 // forwardedElement is what one Forwarded element says of the client.
