@@ -130,27 +130,30 @@ func normalizePrefix(p netip.Prefix) netip.Prefix {
 	return p.Masked()
 }
 
-// readXForwardedFor walks X-Forwarded-For (every line, in order) right to
-// left. It returns "" when the header says nothing.
+// readXForwardedFor walks X-Forwarded-For (every line, last line first)
+// right to left. It returns "" when the header says nothing. It splits
+// nothing ahead: a client's line of commas costs no memory.
 func readXForwardedFor(r *http.Request, isTrusted func(netip.Addr) bool) (string, error) {
 	lines := r.Header.Values("X-Forwarded-For")
-	if len(lines) == 0 {
-		return "", nil
-	}
-	hops := strings.Split(strings.Join(lines, ","), ",")
 	var client netip.Addr
-	for i := len(hops) - 1; i >= 0; i-- {
-		hop := strings.TrimSpace(hops[i])
-		if hop == "" {
-			continue // "a, , b" or an empty line: nothing was said
-		}
-		addr, err := parseAddr(hop)
-		if err != nil {
-			return "", fmt.Errorf("client IP: X-Forwarded-For entry %q from a trusted proxy: %w", hop, err)
-		}
-		client = addr
-		if !isTrusted(addr) {
-			break
+	for i := len(lines) - 1; i >= 0; i-- {
+		for rest := lines[i]; ; {
+			comma := strings.LastIndexByte(rest, ',')
+			hop := strings.TrimSpace(rest[comma+1:])
+			if hop != "" { // "a, , b" or an empty line: nothing was said
+				addr, err := parseAddr(hop)
+				if err != nil {
+					return "", fmt.Errorf("client IP: X-Forwarded-For entry %q from a trusted proxy: %w", boundQuote(hop), err)
+				}
+				client = addr
+				if !isTrusted(addr) {
+					return client.String(), nil
+				}
+			}
+			if comma < 0 {
+				break
+			}
+			rest = rest[:comma]
 		}
 	}
 	if !client.IsValid() {
@@ -171,12 +174,9 @@ func readForwarded(r *http.Request, isTrusted func(netip.Addr) bool) (string, er
 	lines := r.Header.Values("Forwarded")
 	client := ""
 	for i := len(lines) - 1; i >= 0; i-- {
-		elements, whole := parseForwardedLine(lines[i])
-		for j := len(elements) - 1; j >= 0; j-- {
-			node, ok := elements[j].forNode, elements[j].hasFor
-			if !ok {
-				continue // an element without for=: it says nothing of the client
-			}
+		nodes, whole := parseForwardedLine(lines[i])
+		for j := len(nodes) - 1; j >= 0; j-- {
+			node := nodes[j]
 			if name, hidden := hiddenNode(node); hidden {
 				// The proxy hid the client on purpose; nothing left of it
 				// can be believed.
@@ -218,36 +218,39 @@ func hiddenNode(node string) (name string, hidden bool) {
 	return "", false
 }
 
-// forwardedElement is what one Forwarded element says of the client.
-type forwardedElement struct {
-	forNode string // the for= value, unquoted
-	hasFor  bool
-}
-
 // parseForwardedLine parses one Forwarded header line: a comma-separated
 // list (RFC 7230 §7, empty elements allowed) of elements, each pairs
 // token=value (token or quoted-string, RFC 7230 §3.2.6) separated by ';'.
-// whole reports a line that is well-formed throughout. A line that is not
-// yields only the elements after its last syntax error: the longest run of
+// It returns the for= values (unquoted) of the elements that have one, in
+// order: an element without for= says nothing of the client. whole
+// reports a line that is well-formed throughout. A line that is not yields
+// only the elements after its last syntax error: the longest run of
 // comma-separated parts at its end that each parse as a whole element.
 // That is what a proxy appended to a client's broken line; quoted strings
 // holding commas are lost there, and proxies write none (for=, by=,
-// host= and proto= values never hold one). Work is linear in the line.
-func parseForwardedLine(line string) (elements []forwardedElement, whole bool) {
-	if elements, ok := parseForwardedList(line); ok {
-		return elements, true
+// host= and proto= values never hold one). Work is linear in the line,
+// and memory in its for= values: empty elements cost nothing.
+func parseForwardedLine(line string) (nodes []string, whole bool) {
+	if nodes, ok := parseForwardedList(line); ok {
+		return nodes, true
 	}
-	parts := strings.Split(line, ",")
-	var tail []forwardedElement
-	for i := len(parts) - 1; i >= 0; i-- {
-		p := forwardedParser{s: parts[i]}
+	var tail []string
+	for rest := line; ; {
+		comma := strings.LastIndexByte(rest, ',')
+		p := forwardedParser{s: rest[comma+1:]}
 		p.skipOWS()
-		e, ok := p.element()
+		node, hasFor, ok := p.element()
 		p.skipOWS()
 		if !ok || !p.done() {
 			break
 		}
-		tail = append(tail, e)
+		if hasFor {
+			tail = append(tail, node)
+		}
+		if comma < 0 {
+			break
+		}
+		rest = rest[:comma]
 	}
 	slices.Reverse(tail)
 	return tail, false
@@ -255,18 +258,20 @@ func parseForwardedLine(line string) (elements []forwardedElement, whole bool) {
 
 // parseForwardedList parses a whole line strictly; ok is false on any
 // syntax error.
-func parseForwardedList(line string) (elements []forwardedElement, ok bool) {
+func parseForwardedList(line string) (nodes []string, ok bool) {
 	p := forwardedParser{s: line}
 	for {
 		p.skipOWS()
-		e, ok := p.element()
+		node, hasFor, ok := p.element()
 		if !ok {
 			return nil, false
 		}
-		elements = append(elements, e)
+		if hasFor {
+			nodes = append(nodes, node)
+		}
 		p.skipOWS()
 		if p.done() {
-			return elements, true
+			return nodes, true
 		}
 		if !p.consume(',') {
 			return nil, false
@@ -296,37 +301,37 @@ func (p *forwardedParser) skipOWS() {
 	}
 }
 
-// element reads [pair] *(";" [pair]) up to a ',' or the end. A parameter
-// named twice in one element is an error (RFC 7239 §4): which would count?
-func (p *forwardedParser) element() (forwardedElement, bool) {
-	var e forwardedElement
+// element reads [pair] *(";" [pair]) up to a ',' or the end, and returns
+// its for= value. A parameter named twice in one element is an error (RFC
+// 7239 §4): which would count?
+func (p *forwardedParser) element() (forNode string, hasFor, ok bool) {
 	for {
 		p.skipOWS()
 		if p.pos < len(p.s) && p.s[p.pos] != ';' && p.s[p.pos] != ',' {
 			name := p.token()
 			if name == "" || !p.consume('=') {
-				return e, false
+				return "", false, false
 			}
 			var value string
 			if p.pos < len(p.s) && p.s[p.pos] == '"' {
 				v, ok := p.quotedString()
 				if !ok {
-					return e, false
+					return "", false, false
 				}
 				value = v
 			} else if value = p.token(); value == "" {
-				return e, false
+				return "", false, false
 			}
 			if strings.EqualFold(name, "for") {
-				if e.hasFor {
-					return e, false
+				if hasFor {
+					return "", false, false
 				}
-				e.forNode, e.hasFor = value, true
+				forNode, hasFor = value, true
 			}
 		}
 		p.skipOWS()
 		if !p.consume(';') {
-			return e, true
+			return forNode, hasFor, true
 		}
 	}
 }
@@ -343,24 +348,35 @@ func (p *forwardedParser) token() string {
 // quotedString reads a quoted-string and returns its value with the
 // quoted-pairs undone; ok is false when it is not closed or holds a byte
 // that qdtext and quoted-pair do not allow (controls other than HTAB, DEL).
+// It copies nothing unless the value has a quoted-pair: an unclosed quote
+// running to the end of a long line costs no memory.
 func (p *forwardedParser) quotedString() (string, bool) {
 	p.pos++ // the opening quote
-	var b strings.Builder
+	start, escaped := p.pos, false
 	for p.pos < len(p.s) {
 		c := p.s[p.pos]
 		p.pos++
 		switch {
 		case c == '"':
-			return b.String(), true
+			value := p.s[start : p.pos-1]
+			if escaped {
+				var b strings.Builder
+				for i := 0; i < len(value); i++ {
+					if value[i] == '\\' {
+						i++ // a quoted-pair: the byte after it is the value's
+					}
+					b.WriteByte(value[i])
+				}
+				value = b.String()
+			}
+			return value, true
 		case c == '\\':
 			if p.pos == len(p.s) || !isQuotedTextChar(p.s[p.pos]) && p.s[p.pos] != '"' && p.s[p.pos] != '\\' {
 				return "", false
 			}
-			b.WriteByte(p.s[p.pos])
+			escaped = true
 			p.pos++
-		case isQuotedTextChar(c):
-			b.WriteByte(c)
-		default:
+		case !isQuotedTextChar(c):
 			return "", false
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -154,6 +155,13 @@ func TestClientIPSpoofing(t *testing.T) {
 			want:    "203.0.113.9",
 		},
 		{
+			name:    "Forwarded: quoted-pairs in a quoted value are undone",
+			proxies: Proxies{Header: "Forwarded", Trusted: proxy},
+			remote:  "10.0.0.1:80",
+			headers: map[string][]string{"Forwarded": {`for="203.0.113.\9:4711"`}},
+			want:    "203.0.113.9",
+		},
+		{
 			name:    "Forwarded: the proxy hid the client",
 			proxies: Proxies{Header: "Forwarded", Trusted: proxy},
 			remote:  "10.0.0.1:80",
@@ -293,6 +301,42 @@ func TestClientIPPanicsOnBadSetup(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			assert.Panics(t, fn)
+		})
+	}
+}
+
+// TestClientIPHeaderWorkIsBounded sends a trusted proxy's header after a
+// client's line of 64 KiB of empty list elements or unreadable text: the
+// key is still the proxy's, and reading it allocates no more than a few
+// bytes per header byte (it took 16 to 145 when every empty element was
+// kept).
+func TestClientIPHeaderWorkIsBounded(t *testing.T) {
+	proxy := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	const size = 64 << 10
+	tests := []struct {
+		header, client, proxyPart string
+	}{
+		{"Forwarded", strings.Repeat(",", size), ", for=203.0.113.9"},
+		{"Forwarded", strings.Repeat(";", size), ", for=203.0.113.9"},
+		{"Forwarded", `x="` + strings.Repeat(",", size), ", for=203.0.113.9"},
+		{"Forwarded", strings.Repeat("for=10.0.0.9,", size/13), " for=203.0.113.9"},
+		{"X-Forwarded-For", strings.Repeat(",", size), ", 203.0.113.9"},
+		{"X-Forwarded-For", strings.Repeat("10.0.0.9,", size/9), " 203.0.113.9"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.header+" "+tt.client[:4], func(t *testing.T) {
+			keyFunc := ClientIPBehind(Proxies{Header: tt.header, Trusted: proxy})
+			req := httptest.NewRequest(http.MethodGet, "/", nil)
+			req.RemoteAddr = "10.0.0.1:80"
+			req.Header.Add(tt.header, tt.client+tt.proxyPart)
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			key, err := keyFunc(req)
+			runtime.ReadMemStats(&after)
+			require.NoError(t, err)
+			assert.Equal(t, "203.0.113.9", key)
+			perByte := float64(after.TotalAlloc-before.TotalAlloc) / size
+			assert.LessOrEqual(t, perByte, 4.0, "bytes allocated per header byte")
 		})
 	}
 }
