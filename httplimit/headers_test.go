@@ -3,6 +3,7 @@ package httplimit
 import (
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"testing"
 	"time"
 
@@ -71,4 +72,45 @@ func TestChainedMiddlewaresListEveryPolicy(t *testing.T) {
 		assert.Equal(t, w.status, rec.Code, "request %d", i)
 		assert.Equal(t, w.rateLimit, rec.Header().Get("RateLimit"), "request %d", i)
 	}
+}
+
+// The legacy headers, single values, describe the limit a client must wait
+// for: on a 429, the limit that denied; of two with equally few permits
+// left, the one that resets last.
+func TestLegacyHeadersDescribeTheLimitThatBinds(t *testing.T) {
+	env := redlimittest.New(t)
+	outer, err := redlimit.NewFixedWindow(env.Client(), 3, 10*time.Second, env.Options(redlimit.WithPrefix("outer:"))...)
+	require.NoError(t, err)
+	inner, err := redlimit.NewFixedWindow(env.Client(), 2, time.Hour, env.Options(redlimit.WithPrefix("inner:"))...)
+	require.NoError(t, err)
+	h := Middleware(outer, WithLegacyHeaders(), withNow(env.Now))(Middleware(inner, WithLegacyHeaders(), withNow(env.Now))(ok))
+	hourFromNow := strconv.FormatInt(env.Now().Add(time.Hour).Unix(), 10)
+	for i, w := range []struct {
+		status           int
+		limit, remaining string
+	}{
+		{200, "2", "1"}, // outer 2 left, inner 1
+		{200, "2", "0"}, // outer 1 left, inner 0
+		{429, "2", "0"}, // outer 0 left, inner 0 and denies
+	} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		require.Equal(t, w.status, rec.Code, "request %d", i)
+		assert.Equal(t, w.limit, rec.Header().Get("X-RateLimit-Limit"), "request %d: the inner limit binds", i)
+		assert.Equal(t, w.remaining, rec.Header().Get("X-RateLimit-Remaining"), "request %d", i)
+		assert.Equal(t, hourFromNow, rec.Header().Get("X-RateLimit-Reset"), "request %d: the inner limit's reset", i)
+	}
+
+	// Both allow with none left: the one that resets last binds.
+	env.Advance(time.Hour)
+	first, err := redlimit.NewFixedWindow(env.Client(), 1, time.Minute, env.Options(redlimit.WithPrefix("first:"))...)
+	require.NoError(t, err)
+	second, err := redlimit.NewFixedWindow(env.Client(), 1, time.Hour, env.Options(redlimit.WithPrefix("second:"))...)
+	require.NoError(t, err)
+	h = Middleware(first, WithLegacyHeaders(), withNow(env.Now))(Middleware(second, WithLegacyHeaders(), withNow(env.Now))(ok))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	require.Equal(t, http.StatusOK, rec.Code)
+	assert.Equal(t, "0", rec.Header().Get("X-RateLimit-Remaining"))
+	assert.Equal(t, strconv.FormatInt(env.Now().Add(time.Hour).Unix(), 10), rec.Header().Get("X-RateLimit-Reset"), "the hour's reset, not the minute's")
 }

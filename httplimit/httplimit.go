@@ -153,7 +153,9 @@ func WithQuotaUnit(unit string) Option {
 // WithLegacyHeaders adds X-RateLimit-Limit, X-RateLimit-Remaining and
 // X-RateLimit-Reset (a Unix time in seconds, rounded up, when the key is
 // back to its full quota) to every decided response, for clients that
-// predate the draft. Default: off.
+// predate the draft. With several middlewares on a route they describe
+// one limit: on a 429, the one that denied; else the one with the fewest
+// permits left, and of equals the one that resets last. Default: off.
 func WithLegacyHeaders() Option {
 	return func(c *config) { c.legacyHeaders = true }
 }
@@ -482,25 +484,31 @@ func (h *handler) tell(r *http.Request, err error) {
 
 // setHeaders adds the policy to the RateLimit-Policy and RateLimit lists,
 // after what an outer middleware put there, so that a client sees every
-// limit on the route. The legacy headers, single values, show the limit
-// with the fewest permits left.
+// limit on the route. The legacy headers, single values, show the limit a
+// client must wait for: on a denial, this one (an outer one allowed);
+// else the one with the fewest permits left, and of equals the one that
+// resets last.
 func (p *policy) setHeaders(header http.Header, res redlimit.Result, c *config) {
 	// q follows Result.Limit, which for a SlidingLog is the binding strategy's.
 	appendListMember(header, "RateLimit-Policy", p.quotedName+";q="+strconv.Itoa(res.Limit)+p.params)
 	appendListMember(header, "RateLimit", p.quotedName+";r="+strconv.Itoa(res.Remaining)+";t="+strconv.FormatInt(ceilSeconds(res.ResetAfter), 10))
-	if c.legacyHeaders {
-		if prev, err := strconv.Atoi(header.Get("X-RateLimit-Remaining")); err == nil && prev <= res.Remaining {
-			return // an outer limit binds sooner
-		}
-		header.Set("X-RateLimit-Limit", strconv.Itoa(res.Limit))
-		header.Set("X-RateLimit-Remaining", strconv.Itoa(res.Remaining))
-		resetAt := c.now().Add(res.ResetAfter)
-		unix := resetAt.Unix()
-		if resetAt.After(time.Unix(unix, 0)) {
-			unix++
-		}
-		header.Set("X-RateLimit-Reset", strconv.FormatInt(unix, 10))
+	if !c.legacyHeaders {
+		return
 	}
+	resetAt := c.now().Add(res.ResetAfter)
+	reset := resetAt.Unix()
+	if resetAt.After(time.Unix(reset, 0)) {
+		reset++
+	}
+	if prev, err := strconv.Atoi(header.Get("X-RateLimit-Remaining")); err == nil && res.Allowed {
+		prevReset, _ := strconv.ParseInt(header.Get("X-RateLimit-Reset"), 10, 64)
+		if prev < res.Remaining || prev == res.Remaining && prevReset >= reset {
+			return // an outer limit binds longer
+		}
+	}
+	header.Set("X-RateLimit-Limit", strconv.Itoa(res.Limit))
+	header.Set("X-RateLimit-Remaining", strconv.Itoa(res.Remaining))
+	header.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
 }
 
 // appendListMember adds member to the structured-field list in header
