@@ -2,6 +2,7 @@ package httplimit
 
 import (
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 )
@@ -37,7 +38,26 @@ func BodyCost(maxBytes int) func(r *http.Request) int {
 		case r.Body == nil || r.Body == http.NoBody:
 			return 0
 		}
-		r.Body = http.MaxBytesReader(nil, r.Body, int64(maxBytes))
+		r.Body = &cutBody{http.MaxBytesReader(nil, r.Body, int64(maxBytes)), r.Body, int64(maxBytes)}
 		return maxBytes
+	}
+}
+
+// cutBody is a body of unknown length that BodyCost cut at max bytes: a
+// read past them fails. The middleware, which has the ResponseWriter, cuts
+// the body again with it (uncut), so that the server also closes the
+// connection after the response instead of reading on, unpaid, to serve
+// the next request.
+type cutBody struct {
+	io.ReadCloser // body, cut at max
+	uncut         io.ReadCloser
+	max           int64
+}
+
+// tellServer gives r's body, if BodyCost cut it, the ResponseWriter that
+// its server answers r with.
+func tellServer(w http.ResponseWriter, r *http.Request) {
+	if b, ok := r.Body.(*cutBody); ok {
+		r.Body = http.MaxBytesReader(w, b.uncut, b.max)
 	}
 }

@@ -1,10 +1,13 @@
 package httplimit
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -71,6 +74,46 @@ func TestBodyCostChunkedUploads(t *testing.T) {
 	env.Advance(time.Hour)
 	status, _ = upload(chunked(60_000))
 	assert.Equal(t, 413, status, "a chunked body past the maximum cannot be read")
+}
+
+// A chunked body cut at what it paid ends its connection: the server does
+// not read the rest, which nobody paid for, to serve the next request.
+func TestBodyCostCutBodyClosesTheConnection(t *testing.T) {
+	env := redlimittest.New(t)
+	l, err := redlimit.NewFixedWindow(env.Client(), 1_000_000, time.Hour, env.Options()...)
+	require.NoError(t, err)
+	read := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			http.Error(w, "body too large", http.StatusRequestEntityTooLarge)
+		}
+	})
+	srv := httptest.NewServer(Middleware(l, WithCost(BodyCost(10_000)), WithQuotaUnit("content-bytes"))(read))
+	t.Cleanup(srv.Close)
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	require.NoError(t, conn.SetDeadline(time.Now().Add(10*time.Second)))
+
+	// 100 KB past the 10 KB paid: less than what Go's server would read on
+	// after a handler to keep the connection.
+	body := strings.Repeat("a", 110_000)
+	_, err = fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(body), body)
+	require.NoError(t, err)
+	replies := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(replies, nil)
+	require.NoError(t, err)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
+
+	_, err = io.WriteString(conn, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	if err == nil {
+		resp, err = http.ReadResponse(replies, nil)
+	}
+	if err == nil {
+		resp.Body.Close()
+		t.Fatalf("the connection served another request (%d) after a body cut short", resp.StatusCode)
+	}
 }
 
 func TestBodyCost(t *testing.T) {

@@ -402,6 +402,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, fmt.Errorf("%w: %d is negative", ErrCost, cost))
 		return
 	}
+	tellServer(w, r)
 	p := &h.policies[0]
 	if h.byName != nil {
 		name := c.choose(r)
