@@ -351,6 +351,45 @@ func TestSlidingOtherLimitBelowN(t *testing.T) {
 	})
 }
 
+// At the last µs a clock may read (2^52 - 2^44 after the epoch, in 2112),
+// another configuration's entry still binds for exactly its window:
+// X = 1 per 2 buckets of 1001µs grants, and in the next bucket Y = 5 per
+// bucket is denied, on a bucket whose start an entry score would round if
+// it were past 2^53 (b*G = 1 modulo 4). A clock 1µs later is refused.
+func TestSlidingEntryAtTheLastClock(t *testing.T) {
+	t.Parallel()
+	const last = 1<<52 - 1<<44
+	const g = 1001
+	b := int64((last-g-5)/g - 8)
+	for b%4 != 1 {
+		b--
+	}
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		clock, opts := prefixClock(be, "last")
+		p := g * time.Microsecond
+		x, err := NewSlidingWindow(be.rdb, 1, 2*p, p, opts...)
+		require.NoError(t, err)
+		y, err := NewSlidingWindow(be.rdb, 5, p, p, opts...)
+		require.NoError(t, err)
+		clock.now = time.UnixMicro(b*g + 5)
+		r, err := x.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, r.Allowed)
+		clock.now = time.UnixMicro((b+1)*g + 5)
+		r, err = y.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.False(t, r.Allowed, "X's grant is still in X's window: %+v", r)
+
+		clock.now = time.UnixMicro(last)
+		_, err = y.AllowN(ctx, "k", 0)
+		require.NoError(t, err, "the last clock")
+		clock.now = time.UnixMicro(last + 1)
+		_, err = y.AllowN(ctx, "k", 0)
+		require.ErrorIs(t, err, ErrInvalidArgument, "a clock past the last")
+	})
+}
+
 // A key's count of every permit it granted wraps at 2^52 and the key stays
 // exact: X = 2^38 per 1s grants 2^38 every 1s, past the wrap (2^14
 // grants), never refused as foreign and never granting one more in its

@@ -57,6 +57,6 @@
 // is still out of them if the clock goes back into that time. (A sliding
 // key keeps its own time, which stands still at its last grant while the
 // clock is behind it: a call then moves that time, never the counts.) A
-// clock that reads before 2001-09-09 or after 2112 is ErrInvalidArgument,
+// clock that reads before 2001-09-09 or after 2112-02-27 is ErrInvalidArgument,
 // as it is for the Redis limiters.
 package inmem

@@ -46,9 +46,10 @@ type Event struct {
 	Local   bool
 }
 
-// maxClockUS bounds a WithClock time: with a window or refill time added it
-// stays below 2^53, where Lua's doubles stop being exact integers.
-const maxClockUS = 1 << 52
+// maxClockUS bounds a WithClock time (2112-02-27): with a window or refill
+// time added it stays below 2^53, where Lua's doubles stop being exact
+// integers, and so does a sliding key's entry score, 2^52 + 2^44 + a time.
+const maxClockUS = 1<<52 - 1<<44
 
 // minClockUS bounds a WithClock time from below, at 2001-09-09: every time a
 // script stores then has 16 digits, a shape that other applications' small
@@ -61,7 +62,7 @@ const minClockUS = 1_000_000_000_000_000
 // argument; the in-process limiters refuse what the scripts would.
 func CheckClock(sentinel error, algorithm string, now time.Time) error {
 	if us := now.UnixMicro(); us < minClockUS || us > maxClockUS {
-		return Errorf(sentinel, "redlimit: %s: clock reads %v: must be between 2001-09-09 (10^15µs after the Unix epoch) and 2112 (2^52µs)", algorithm, now)
+		return Errorf(sentinel, "redlimit: %s: clock reads %v: must be between 2001-09-09 (10^15µs after the Unix epoch) and 2112-02-27 (2^52 - 2^44 µs)", algorithm, now)
 	}
 	return nil
 }
