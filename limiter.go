@@ -172,8 +172,8 @@ func WithPrefix(prefix string) Option {
 // TIME: for tests with a fake clock, or for Redis-compatible services that
 // refuse TIME in scripts. Every process sharing a key should then use clocks
 // that agree, and read between 2001-09-09 and 2112-02-27 (10^15 to
-// 2^52 - 2^44 µs after the Unix epoch; a call outside is ErrInvalidArgument). A nil clock is
-// ErrInvalidConfig.
+// 2^52 - 2^44 µs after the Unix epoch; a call outside is
+// ErrInvalidArgument). A nil clock is ErrInvalidConfig.
 func WithClock(now func() time.Time) Option {
 	return func(o *options) { o.clock, o.clockSet = now, true }
 }

@@ -15,7 +15,7 @@ import (
 const (
 	maxPermits = 1 << 40 // limits and capacities
 	maxMicros  = 1 << 44 // windows, precisions and rate periods: about 203 days
-	maxLevel   = 1 << 52 // capacity × reduced rate period, in a bucket's ticks
+	maxLevel   = 1 << 52 // capacity × reduced rate period, and reduced rate count, in a bucket's ticks
 )
 
 // micros checks a duration for a window, precision or rate period and returns
@@ -93,6 +93,10 @@ func bucketArgs(algorithm, field string, capacity int, rate Rate) (args []any, f
 	count := int64(rate.Count)
 	g := gcd(count, perUS)
 	count, perUS = count/g, perUS/g
+	if count > maxLevel {
+		return nil, 0, engine.Errorf(ErrInvalidConfig, "redlimit: %s: %s %d per %v: too fast for exact arithmetic (at most 2^52 per period once the ratio is reduced)",
+			algorithm, field, rate.Count, rate.Per)
+	}
 	if perUS > maxLevel/int64(capacity) {
 		return nil, 0, engine.Errorf(ErrInvalidConfig, "redlimit: %s: capacity %d at %s %d per %v: capacity × period is too large for exact arithmetic (at most 2^52 in units of the reduced rate)",
 			algorithm, capacity, field, rate.Count, rate.Per)

@@ -8,6 +8,7 @@ package redlimit
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -128,6 +129,9 @@ func TestValidConfigRejected(t *testing.T) {
 			{b.name + "/capacity 2^40 at 1/s", b.new(1<<40, PerSecond(1)), []string{"capacity 1099511627776", "1 per 1s"}},
 			// 4097 × 2^40 is just above 2^52; 4096 × 2^40 is accepted below.
 			{b.name + "/capacity x period 2^52+2^40", b.new(4097, Rate{Count: 1, Per: 1 << 40 * time.Microsecond}), []string{"capacity 4097"}},
+			// A reduced count above 2^52 ticks a µs; the largest int.
+			{b.name + "/count 2^52+1 per 1s", b.new(10, Rate{Count: 1<<52 + 1, Per: time.Second}), []string{b.field + " 4503599627370497 per 1s"}},
+			{b.name + "/count MaxInt64 per 1s", b.new(3, Rate{Count: math.MaxInt64, Per: time.Second}), []string{b.field + " 9223372036854775807 per 1s"}},
 		}...)
 	}
 	type optionCase struct {
@@ -297,6 +301,9 @@ func TestValidEdgeConfigs(t *testing.T) {
 		}, 4096, 1 << 40 * time.Microsecond, 4096},
 		{"token_bucket/capacity 2^40", func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
 			return NewTokenBucket(rdb, 1<<40, Rate{Count: 1 << 40, Per: time.Millisecond}, opts...)
+		}, 1 << 40, time.Microsecond, 1 << 40},
+		{"token_bucket/reduced count 2^52", func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+			return NewTokenBucket(rdb, 1<<40, Rate{Count: 1 << 52, Per: 1001 * time.Microsecond}, opts...)
 		}, 1 << 40, time.Microsecond, 1 << 40},
 	}
 	for _, c := range cases {

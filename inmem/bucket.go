@@ -80,6 +80,10 @@ func newBucket(algorithm, field string, capacity int, rate redlimit.Rate, opts [
 	count := int64(rate.Count)
 	g := gcd(count, perUS)
 	count, perUS = count/g, perUS/g
+	if count > maxLevel {
+		return bucket{}, fmt.Errorf("redlimit: inmem %s: %s %d per %v: too fast for exact arithmetic: %w",
+			algorithm, field, rate.Count, rate.Per, redlimit.ErrInvalidConfig)
+	}
 	if perUS > maxLevel/int64(capacity) {
 		return bucket{}, fmt.Errorf("redlimit: inmem %s: capacity %d at %s %d per %v: capacity × period is too large for exact arithmetic: %w",
 			algorithm, capacity, field, rate.Count, rate.Per, redlimit.ErrInvalidConfig)

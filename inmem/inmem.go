@@ -35,7 +35,7 @@ func ShareRate(rate redlimit.Rate, instances int) redlimit.Rate {
 const (
 	maxPermits = 1 << 40 // limits and capacities
 	maxMicros  = 1 << 44 // windows, precisions and rate periods
-	maxLevel   = 1 << 52 // capacity × reduced rate period
+	maxLevel   = 1 << 52 // capacity × reduced rate period, and reduced rate count
 )
 
 func newOptions(algorithm string, opts []Option) (options, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -212,6 +213,10 @@ func TestInvalid(t *testing.T) {
 	require.ErrorIs(t, err, redlimit.ErrInvalidConfig)
 	_, err = NewTokenBucket(5, redlimit.Rate{Count: 1, Per: time.Microsecond})
 	require.ErrorIs(t, err, redlimit.ErrInvalidConfig)
+	_, err = NewTokenBucket(5, redlimit.Rate{Count: 1<<52 + 1, Per: time.Second})
+	require.ErrorIs(t, err, redlimit.ErrInvalidConfig, "a rate the scripts cannot count exactly")
+	_, err = NewLeakyBucket(3, redlimit.Rate{Count: math.MaxInt64, Per: time.Second})
+	require.ErrorIs(t, err, redlimit.ErrInvalidConfig, "a rate the scripts cannot count exactly")
 	_, err = NewTokenBucket(5, redlimit.PerSecond(1), WithClock(nil))
 	require.ErrorIs(t, err, redlimit.ErrInvalidConfig)
 	_, err = NewTokenBucket(5, redlimit.PerSecond(1), WithMaxKeys(0))
