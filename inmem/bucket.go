@@ -2,10 +2,10 @@ package inmem
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/engine"
 )
 
 // LeakyBucket smooths traffic to a steady rate, in process: its level
@@ -67,26 +67,9 @@ type bucketState struct {
 }
 
 func newBucket(algorithm, field string, capacity int, rate redlimit.Rate, opts []Option) (bucket, error) {
-	if err := permits(algorithm, "capacity", capacity); err != nil {
-		return bucket{}, err
-	}
-	if rate.Count < 1 {
-		return bucket{}, fmt.Errorf("redlimit: inmem %s: %s count %d: must be at least 1: %w", algorithm, field, rate.Count, redlimit.ErrInvalidConfig)
-	}
-	perUS, err := micros(algorithm, field+" period", rate.Per)
+	count, perUS, err := engine.CheckBucket(redlimit.ErrInvalidConfig, "inmem "+algorithm, field, capacity, rate.Count, rate.Per)
 	if err != nil {
 		return bucket{}, err
-	}
-	count := int64(rate.Count)
-	g := gcd(count, perUS)
-	count, perUS = count/g, perUS/g
-	if count > maxLevel {
-		return bucket{}, fmt.Errorf("redlimit: inmem %s: %s %d per %v: too fast for exact arithmetic: %w",
-			algorithm, field, rate.Count, rate.Per, redlimit.ErrInvalidConfig)
-	}
-	if perUS > maxLevel/int64(capacity) {
-		return bucket{}, fmt.Errorf("redlimit: inmem %s: capacity %d at %s %d per %v: capacity × period is too large for exact arithmetic: %w",
-			algorithm, capacity, field, rate.Count, rate.Per, redlimit.ErrInvalidConfig)
 	}
 	o, err := newOptions(algorithm, opts)
 	if err != nil {
@@ -96,13 +79,6 @@ func newBucket(algorithm, field string, capacity int, rate redlimit.Rate, opts [
 		window: time.Duration(ceilDiv(int64(capacity)*perUS, count)) * time.Microsecond}
 	b.store = newStore(o, b.used)
 	return b, nil
-}
-
-func gcd(a, b int64) int64 {
-	for b != 0 {
-		a, b = b, a%b
-	}
-	return a
 }
 
 // AllowN takes n permits for key if all n are available, else none. err is

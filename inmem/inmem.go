@@ -31,13 +31,6 @@ func ShareRate(rate redlimit.Rate, instances int) redlimit.Rate {
 	return redlimit.Rate{Count: rate.Count, Per: rate.Per * time.Duration(instances)}
 }
 
-// Bounds, as the Redis limiters have them, so that both decide alike.
-const (
-	maxPermits = 1 << 40 // limits and capacities
-	maxMicros  = 1 << 44 // windows, precisions and rate periods
-	maxLevel   = 1 << 52 // capacity × reduced rate period, and reduced rate count
-)
-
 func newOptions(algorithm string, opts []Option) (options, error) {
 	o := options{maxKeys: DefaultMaxKeys}
 	for _, opt := range opts {
@@ -55,23 +48,14 @@ func newOptions(algorithm string, opts []Option) (options, error) {
 	return o, nil
 }
 
+// micros and permits check a configuration with the Redis limiters' own
+// bounds, so that both accept the same.
 func micros(algorithm, field string, d time.Duration) (int64, error) {
-	switch {
-	case d < time.Millisecond:
-		return 0, fmt.Errorf("redlimit: inmem %s: %s %v: must be at least 1ms: %w", algorithm, field, d, redlimit.ErrInvalidConfig)
-	case d%time.Microsecond != 0:
-		return 0, fmt.Errorf("redlimit: inmem %s: %s %v: must be a whole number of microseconds: %w", algorithm, field, d, redlimit.ErrInvalidConfig)
-	case d/time.Microsecond > maxMicros:
-		return 0, fmt.Errorf("redlimit: inmem %s: %s %v: must be at most %v: %w", algorithm, field, d, maxMicros*time.Microsecond, redlimit.ErrInvalidConfig)
-	}
-	return int64(d / time.Microsecond), nil
+	return engine.CheckMicros(redlimit.ErrInvalidConfig, "inmem "+algorithm, field, d)
 }
 
 func permits(algorithm, field string, n int) error {
-	if n < 1 || int64(n) > maxPermits {
-		return fmt.Errorf("redlimit: inmem %s: %s %d: must be between 1 and %d: %w", algorithm, field, n, int64(maxPermits), redlimit.ErrInvalidConfig)
-	}
-	return nil
+	return engine.CheckPermits(redlimit.ErrInvalidConfig, "inmem "+algorithm, field, n)
 }
 
 // checkCall rejects what the Redis limiters reject before a round trip.
