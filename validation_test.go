@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -129,10 +130,19 @@ func TestValidConfigRejected(t *testing.T) {
 			{b.name + "/capacity 2^40 at 1/s", b.new(1<<40, PerSecond(1)), []string{"capacity 1099511627776", "1 per 1s"}},
 			// 4097 × 2^40 is just above 2^52; 4096 × 2^40 is accepted below.
 			{b.name + "/capacity x period 2^52+2^40", b.new(4097, Rate{Count: 1, Per: 1 << 40 * time.Microsecond}), []string{"capacity 4097"}},
-			// A reduced count above 2^52 ticks a µs; the largest int.
-			{b.name + "/count 2^52+1 per 1s", b.new(10, Rate{Count: 1<<52 + 1, Per: time.Second}), []string{b.field + " 4503599627370497 per 1s"}},
-			{b.name + "/count MaxInt64 per 1s", b.new(3, Rate{Count: math.MaxInt64, Per: time.Second}), []string{b.field + " 9223372036854775807 per 1s"}},
 		}...)
+		if strconv.IntSize == 64 { // a 32-bit int cannot say more than 2^52
+			// A reduced count above 2^52 ticks a µs; the largest int.
+			twoTo52, largest := int64(1<<52), int64(math.MaxInt64)
+			cases = append(cases, []struct {
+				name string
+				new  newFunc
+				want []string
+			}{
+				{b.name + "/count 2^52+1 per 1s", b.new(10, Rate{Count: int(twoTo52 + 1), Per: time.Second}), []string{b.field + " 4503599627370497 per 1s"}},
+				{b.name + "/count MaxInt64 per 1s", b.new(3, Rate{Count: int(largest), Per: time.Second}), []string{b.field + " 9223372036854775807 per 1s"}},
+			}...)
+		}
 	}
 	type optionCase struct {
 		name string

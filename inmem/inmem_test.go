@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -213,10 +214,13 @@ func TestInvalid(t *testing.T) {
 	require.ErrorIs(t, err, redlimit.ErrInvalidConfig)
 	_, err = NewTokenBucket(5, redlimit.Rate{Count: 1, Per: time.Microsecond})
 	require.ErrorIs(t, err, redlimit.ErrInvalidConfig)
-	_, err = NewTokenBucket(5, redlimit.Rate{Count: 1<<52 + 1, Per: time.Second})
-	require.ErrorIs(t, err, redlimit.ErrInvalidConfig, "a rate the scripts cannot count exactly")
-	_, err = NewLeakyBucket(3, redlimit.Rate{Count: math.MaxInt64, Per: time.Second})
-	require.ErrorIs(t, err, redlimit.ErrInvalidConfig, "a rate the scripts cannot count exactly")
+	if strconv.IntSize == 64 { // a 32-bit int cannot say more than 2^52
+		twoTo52, largest := int64(1<<52), int64(math.MaxInt64)
+		_, err = NewTokenBucket(5, redlimit.Rate{Count: int(twoTo52 + 1), Per: time.Second})
+		require.ErrorIs(t, err, redlimit.ErrInvalidConfig, "a rate the scripts cannot count exactly")
+		_, err = NewLeakyBucket(3, redlimit.Rate{Count: int(largest), Per: time.Second})
+		require.ErrorIs(t, err, redlimit.ErrInvalidConfig, "a rate the scripts cannot count exactly")
+	}
 	_, err = NewTokenBucket(5, redlimit.PerSecond(1), WithClock(nil))
 	require.ErrorIs(t, err, redlimit.ErrInvalidConfig)
 	_, err = NewTokenBucket(5, redlimit.PerSecond(1), WithMaxKeys(0))
