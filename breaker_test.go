@@ -80,6 +80,16 @@ func callWithin(l Limiter, key string, deadline time.Duration) (time.Duration, e
 	return time.Since(start), err
 }
 
+// resetWithin resets key with a ctx deadline and returns how long it took
+// and its error.
+func resetWithin(l Limiter, key string, deadline time.Duration) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	start := time.Now()
+	err := l.Reset(ctx, key)
+	return time.Since(start), err
+}
+
 // TestBreakerOnKilledRedis kills a real Redis under every algorithm: the
 // breaker opens after its failures, answers at once with ErrUnavailable
 // wrapping the refused dial, lets one probe through after the cooldown, and
@@ -202,6 +212,15 @@ func TestBreakerOnStoppedRedis(t *testing.T) {
 				require.ErrorIs(t, err, ErrUnavailable)
 				require.ErrorIs(t, err, context.DeadlineExceeded)
 				require.Less(t, took, stoppedReadTimeout/2, "an open breaker answers without a round trip")
+				// Reset is a call like the others.
+				took, err = resetWithin(l, "k", stoppedReadTimeout)
+				require.ErrorIs(t, err, ErrUnavailable, "Reset")
+				require.Less(t, took, stoppedReadTimeout/2, "an open breaker answers Reset without a round trip")
+				unguarded, err := NewTokenBucket(rdb, 10, PerSecond(10), WithoutBreaker())
+				require.NoError(t, err)
+				took, err = resetWithin(unguarded, "k", 100*time.Millisecond)
+				require.ErrorIs(t, err, context.DeadlineExceeded, "Reset")
+				require.Less(t, took, stoppedReadTimeout/2, "Reset: about its 100ms deadline, not ReadTimeout")
 
 				fault.fix()
 				h.advance(time.Second)

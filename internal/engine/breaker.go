@@ -318,9 +318,9 @@ func isNetwork(err error) bool {
 // guardedRun is run behind the breaker: it fails at once while the breaker
 // is open and tells it how the round trip ended. A ctx already done before
 // the call neither reaches Redis nor counts.
-func (e *Engine) guardedRun(ctx context.Context, key string, nowArg any, n int) (string, error) {
+func (e *Engine) guardedRun(ctx context.Context, req request) (string, error) {
 	if e.breaker == nil {
-		return e.runWithin(ctx, key, nowArg, n)
+		return e.runWithin(ctx, req)
 	}
 	if err := ctx.Err(); err != nil {
 		return "", doneBeforeCall{err}
@@ -330,15 +330,15 @@ func (e *Engine) guardedRun(ctx context.Context, key string, nowArg any, n int) 
 		return "", err
 	}
 	if probe {
-		return e.probe(ctx, key, nowArg, n)
+		return e.probe(ctx, req)
 	}
-	return e.recordedRun(ctx, time.Now(), key, nowArg, n, false)
+	return e.recordedRun(ctx, time.Now(), req, false)
 }
 
 // recordedRun is runWithin, started at start, and tells the breaker how
 // the round trip ended.
-func (e *Engine) recordedRun(ctx context.Context, start time.Time, key string, nowArg any, n int, probe bool) (string, error) {
-	text, err := e.runWithin(ctx, key, nowArg, n)
+func (e *Engine) recordedRun(ctx context.Context, start time.Time, req request, probe bool) (string, error) {
+	text, err := e.runWithin(ctx, req)
 	if err != nil {
 		e.breaker.record(probe, e.breaker.classify(ctx, err, start), withCtxErr(ctx, err))
 	} else {
@@ -358,7 +358,7 @@ func (e *Engine) recordedRun(ctx context.Context, start time.Time, key string, n
 // the caller's ctx has none), and it records its outcome when it ends. The
 // caller waits for it until its own ctx ends; then, like any call abandoned
 // at its deadline, its permits may have been taken, never reported.
-func (e *Engine) probe(ctx context.Context, key string, nowArg any, n int) (string, error) {
+func (e *Engine) probe(ctx context.Context, req request) (string, error) {
 	start := time.Now()
 	probeCtx, cancel := context.WithoutCancel(ctx), context.CancelFunc(func() {})
 	if deadline, ok := ctx.Deadline(); ok {
@@ -370,7 +370,7 @@ func (e *Engine) probe(ctx context.Context, key string, nowArg any, n int) (stri
 	done := make(chan result, 1)
 	go func() {
 		defer cancel()
-		text, err := e.recordedRun(probeCtx, start, key, nowArg, n, true)
+		text, err := e.recordedRun(probeCtx, start, req, true)
 		done <- result{text, err}
 	}()
 	return await(ctx, done)
@@ -458,14 +458,14 @@ func (d doneBeforeCall) Unwrap() error { return d.error }
 // that can be cancelled but has no deadline (a request's) runs on the
 // caller's goroutine, and a cancellation then ends the call at the
 // client's timeouts rather than at once.
-func (e *Engine) runWithin(ctx context.Context, key string, nowArg any, n int) (string, error) {
+func (e *Engine) runWithin(ctx context.Context, req request) (string, error) {
 	deadline, ok := ctx.Deadline()
 	if !ok || e.bound == 0 || time.Until(deadline) >= e.bound {
-		return e.run(ctx, key, nowArg, n)
+		return e.run(ctx, req)
 	}
 	done := make(chan result, 1)
 	go func() {
-		text, err := e.run(ctx, key, nowArg, n)
+		text, err := e.run(ctx, req)
 		done <- result{text, err}
 	}()
 	return await(ctx, done)

@@ -126,11 +126,25 @@ type processor interface {
 	Process(ctx context.Context, cmd redis.Cmder) error
 }
 
-// run sends the script for one decision and returns its reply text: EVALSHA,
-// and EVAL once when the server answers NOSCRIPT (its script cache was
-// flushed, or it is a new node). Nothing else is ever re-sent: a call that
-// timed out may have run.
-func (e *Engine) run(ctx context.Context, key string, nowArg any, n int) (string, error) {
+// request is what one round trip does: decide n permits for key at
+// nowArg (see decide), or, for a reset, delete key. Both take the same way
+// to Redis: behind the breaker, and ended at the ctx's deadline.
+type request struct {
+	key    string
+	nowArg any
+	n      int
+	reset  bool
+}
+
+// run sends the script for one request and returns its reply text (none
+// for a reset): EVALSHA, and EVAL once when the server answers NOSCRIPT
+// (its script cache was flushed, or it is a new node). Nothing else is
+// ever re-sent: a call that timed out may have run.
+func (e *Engine) run(ctx context.Context, req request) (string, error) {
+	key, nowArg, n := req.key, req.nowArg, req.n
+	if req.reset {
+		return "", resetScript.Run(ctx, e.rdb, []string{e.prefix + key}).Err()
+	}
 	if e.proc == nil {
 		args := make([]any, 2+len(e.args))
 		args[0], args[1] = nowArg, n
@@ -207,7 +221,7 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 		}
 		generation = e.cache.begin(key)
 	}
-	text, err := e.guardedRun(ctx, key, nowArg, n)
+	text, err := e.guardedRun(ctx, request{key: key, nowArg: nowArg, n: n})
 	if err != nil {
 		if r, ok := e.fallback(ctx, key, n, err); ok {
 			return r, false, nil
@@ -239,7 +253,9 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 // Reset on the same one-round-trip, cluster-safe path as the decisions.
 var resetScript = redis.NewScript(`return redis.call('DEL', KEYS[1])`)
 
-// Reset forgets all state of key, in Redis and in the deny cache.
+// Reset forgets all state of key, in Redis and in the deny cache. It
+// reaches Redis as a decision does: an open breaker answers at once, and
+// the call ends at ctx's deadline.
 func (e *Engine) Reset(ctx context.Context, key string) error {
 	if err := CheckArgs(e.invalidArgument, e.algorithm, ctx, key); err != nil {
 		return err
@@ -250,7 +266,7 @@ func (e *Engine) Reset(ctx context.Context, key string) error {
 		e.cache.forget(key)
 		defer e.cache.forget(key)
 	}
-	if err := resetScript.Run(ctx, e.rdb, []string{e.prefix + key}).Err(); err != nil {
+	if _, err := e.guardedRun(ctx, request{key: key, reset: true}); err != nil {
 		return e.redisError(ctx, key, "reset: ", err)
 	}
 	return nil
