@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -175,4 +176,45 @@ func TestBreakerProbeOutlivesShortDeadlines(t *testing.T) {
 			require.Equal(t, []string{"closed>open", "open>half-open", "half-open>closed"}, h.seen())
 		})
 	}
+}
+
+// A caller's deadline too short for any Redis ends its call, not the
+// client's connection: go-redis drops a connection whose read timed out
+// (its reply may still come), so without care every such call would cost a
+// dial, and callers with 100µs deadlines would make the client reconnect
+// thousands of times a second, slowing every other caller. The round trip
+// runs on with MinDeadline and leaves its connection in the pool.
+func TestShortDeadlinesKeepConnections(t *testing.T) {
+	const poolSize = 8
+	forEachBackend(t, func(t *testing.T, b backend) {
+		var dials atomic.Int64
+		o := RecommendedOptions(b.rdb.Options().Addr)
+		o.DB, o.PoolSize = b.rdb.Options().DB, poolSize
+		dial := b.rdb.Options().Dialer
+		o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			return dial(ctx, network, addr)
+		}
+		rdb := redis.NewClient(o)
+		t.Cleanup(func() { rdb.Close() })
+		for _, opts := range [][]Option{nil, {WithoutBreaker()}} {
+			dials.Store(0)
+			l, err := NewTokenBucket(rdb, 1_000_000, PerSecond(1_000_000), append(opts, WithPrefix(fmt.Sprintf("churn:%d:", time.Now().UnixNano())))...)
+			require.NoError(t, err)
+			timedOut := 0
+			for i := range 300 {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(5+i%50)*time.Microsecond)
+				_, err := l.Allow(ctx, "k")
+				cancel()
+				if errors.Is(err, context.DeadlineExceeded) {
+					timedOut++
+				}
+				time.Sleep(time.Millisecond) // an attack, not a load test
+			}
+			require.GreaterOrEqual(t, timedOut, 10*poolSize, "the calls must time out, or this test shows nothing")
+			// One dial per timed-out call without care; with it, enough to
+			// fill the pool, and a few a loaded machine may drop.
+			require.LessOrEqual(t, dials.Load(), int64(poolSize+4), "%d calls timed out: connections dialled", timedOut)
+		}
+	})
 }

@@ -24,7 +24,7 @@ var ErrUnavailable = errors.New("redlimit: Redis unavailable")
 const (
 	DefaultBreakerFailures    = 5
 	DefaultBreakerCooldown    = time.Second
-	DefaultBreakerMinDeadline = 20 * time.Millisecond
+	DefaultBreakerMinDeadline = engine.DefaultMinDeadline
 )
 
 // BreakerConfig tunes a circuit breaker. The zero value gives the defaults.
@@ -76,8 +76,10 @@ type BreakerConfig struct {
 	// is not counted. Default 20ms: far above what a healthy Redis takes
 	// (a script round trip is well under a millisecond on a LAN), far below
 	// a service's own deadlines. Raise it on a slow link (above 10× Redis's
-	// p99 round trip): it is also the least time a probe gets, and the
-	// first probe after an outage dials. While the breaker is closed,
+	// p99 round trip): it is also the least time a round trip gets (a
+	// call with a shorter deadline returns at it while its round trip runs
+	// on, so that its connection stays in the pool), and the first probe
+	// after an outage dials. While the breaker is closed,
 	// calls whose deadlines are all shorter than it leave a paused Redis
 	// to the client's ReadTimeout to detect (ClientOptions). Negative is
 	// ErrInvalidConfig.

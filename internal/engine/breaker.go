@@ -58,7 +58,8 @@ type BreakerConfig struct {
 	OnChange func(BreakerChange)
 	Now      func() time.Time // nil: time.Now
 	// MinDeadline is the shortest ctx deadline whose passing mid-call
-	// counts as a failure: see countsAsFailure.
+	// counts as a failure (see classify), and the least time a round trip
+	// gets (see Engine.detach).
 	MinDeadline time.Duration
 }
 
@@ -317,60 +318,100 @@ func isNetwork(err error) bool {
 
 // guardedRun is run behind the breaker: it fails at once while the breaker
 // is open and tells it how the round trip ended. A ctx already done before
-// the call neither reaches Redis nor counts.
+// the call neither reaches Redis nor counts. The breaker's probe, and a
+// call whose deadline leaves less than MinDeadline, run detached (see
+// detach).
 func (e *Engine) guardedRun(ctx context.Context, req request) (string, error) {
-	if e.breaker == nil {
-		return e.runWithin(ctx, req)
-	}
+	start := time.Now()
 	if err := ctx.Err(); err != nil {
 		return "", doneBeforeCall{err}
 	}
-	probe, err := e.breaker.admit(e.unavailableSentinel)
-	if err != nil {
-		return "", err
+	if e.breaker != nil {
+		probe, err := e.breaker.admit(e.unavailableSentinel)
+		if err != nil {
+			return "", err
+		}
+		if probe {
+			// Judged by its own deadline: see detach.
+			return e.detach(ctx, start, func(detached context.Context) (string, error) {
+				return e.recordedRun(detached, detached, start, req, true)
+			})
+		}
 	}
-	if probe {
-		return e.probe(ctx, req)
+	if e.short(ctx, start) {
+		if e.detachedCalls.Add(1) <= maxDetachedCalls {
+			// Judged by its caller's deadline, as if it had not run on.
+			return e.detach(ctx, start, func(detached context.Context) (string, error) {
+				defer e.detachedCalls.Add(-1)
+				return e.recordedRun(detached, ctx, start, req, false)
+			})
+		}
+		e.detachedCalls.Add(-1)
 	}
-	return e.recordedRun(ctx, time.Now(), req, false)
+	return e.recordedRun(ctx, ctx, start, req, false)
 }
 
-// recordedRun is runWithin, started at start, and tells the breaker how
-// the round trip ended.
-func (e *Engine) recordedRun(ctx context.Context, start time.Time, req request, probe bool) (string, error) {
+// maxDetachedCalls bounds the calls with short deadlines that one engine
+// runs on after their callers returned (see detach): beyond it, such a
+// call ends at its caller's deadline, so that callers cannot pile up
+// goroutines and connections faster than Redis answers.
+const maxDetachedCalls = 64
+
+// recordedRun is runWithin on ctx, started at start, and tells the breaker,
+// if there is one, how the round trip ended, judged by the deadline of
+// judge (see classify).
+func (e *Engine) recordedRun(ctx, judge context.Context, start time.Time, req request, probe bool) (string, error) {
 	text, err := e.runWithin(ctx, req)
+	if e.breaker == nil {
+		return text, err
+	}
 	if err != nil {
-		e.breaker.record(probe, e.breaker.classify(ctx, err, start), withCtxErr(ctx, err))
+		e.breaker.record(probe, e.breaker.classify(judge, err, start), withCtxErr(judge, err))
 	} else {
 		e.breaker.record(probe, answered, nil)
 	}
 	return text, err
 }
 
-// probe runs the half-open breaker's probe, whose outcome must say whether
-// Redis answers, whoever's call carries it. A probe that its caller ended
-// (a deadline shorter than MinDeadline, a cancel) would say nothing, and
-// callers who always end theirs early, calling first after each cooldown,
-// could keep the breaker half-open, failing every other call, for as long
-// as they keep calling. So the round trip runs in a goroutine of its own on
-// a ctx with the caller's values but not its cancellation, and with the
-// caller's deadline or MinDeadline from now, whichever is later (none when
-// the caller's ctx has none), and it records its outcome when it ends. The
-// caller waits for it until its own ctx ends; then, like any call abandoned
-// at its deadline, its permits may have been taken, never reported.
-func (e *Engine) probe(ctx context.Context, req request) (string, error) {
-	start := time.Now()
-	probeCtx, cancel := context.WithoutCancel(ctx), context.CancelFunc(func() {})
+// short reports a ctx whose deadline leaves a call started at start less
+// than MinDeadline: less than a healthy Redis is sure to need.
+func (e *Engine) short(ctx context.Context, start time.Time) bool {
+	deadline, ok := ctx.Deadline()
+	return ok && deadline.Sub(start) < e.minDeadline
+}
+
+// detach runs a round trip that must end on its own terms, not its
+// caller's, in a goroutine of its own, on a ctx with the caller's values
+// but not its cancellation, and with the caller's deadline or MinDeadline
+// from start, whichever is later (none when the caller's ctx has none).
+// The caller waits for it until its own ctx ends; then, like any call
+// abandoned at its deadline, its permits may have been taken, never
+// reported. Two round trips need this:
+//   - the half-open breaker's probe, whose outcome must say whether Redis
+//     answers, whoever's call carries it. A probe its caller ended (a short
+//     deadline, a cancel) would say nothing, and callers who always end
+//     theirs early, calling first after each cooldown, could keep the
+//     breaker half-open, failing every other call, for as long as they
+//     keep calling;
+//   - a call whose deadline is shorter than MinDeadline (a gRPC client's
+//     grpc-timeout of 200µs). go-redis drops a connection whose read timed
+//     out, as its reply may still come: such callers would make the client
+//     dial once per call, thousands of times a second, slowing every other
+//     caller. Run on, the call leaves its connection in the pool. Its
+//     failures are still judged by its caller's deadline, which a healthy
+//     Redis need not meet, so they cannot open the breaker.
+func (e *Engine) detach(ctx context.Context, start time.Time, run func(context.Context) (string, error)) (string, error) {
+	detached, cancel := context.WithoutCancel(ctx), context.CancelFunc(func() {})
 	if deadline, ok := ctx.Deadline(); ok {
-		if least := start.Add(e.breaker.cfg.MinDeadline); deadline.Before(least) {
+		if least := start.Add(e.minDeadline); deadline.Before(least) {
 			deadline = least
 		}
-		probeCtx, cancel = context.WithDeadline(probeCtx, deadline)
+		detached, cancel = context.WithDeadline(detached, deadline)
 	}
 	done := make(chan result, 1)
 	go func() {
 		defer cancel()
-		text, err := e.recordedRun(probeCtx, start, req, true)
+		text, err := run(detached)
 		done <- result{text, err}
 	}()
 	return await(ctx, done)

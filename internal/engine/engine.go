@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -83,11 +84,17 @@ type Engine struct {
 	bound     time.Duration // clientBound(rdb): see runWithin
 
 	breaker             *Breaker
+	minDeadline         time.Duration // the breaker's MinDeadline, else DefaultMinDeadline
+	detachedCalls       atomic.Int64  // calls with short deadlines running on: see guardedRun
 	unavailableSentinel error
 	fallbackFn          func(ctx context.Context, key string, n int) (Reply, error)
 	invalidArgument     error
 	foreign             error
 }
+
+// DefaultMinDeadline is the least time a round trip gets when the limiter
+// has no breaker to say otherwise (BreakerConfig.MinDeadline): see detach.
+const DefaultMinDeadline = 20 * time.Millisecond
 
 // New returns an engine for cfg. The caller has validated cfg.
 func New(rdb redis.Scripter, cfg Config) *Engine {
@@ -107,6 +114,10 @@ func New(rdb redis.Scripter, cfg Config) *Engine {
 		fallbackFn:          cfg.Fallback,
 		invalidArgument:     cfg.InvalidArgument,
 		foreign:             cfg.Foreign,
+	}
+	e.minDeadline = DefaultMinDeadline
+	if e.breaker != nil {
+		e.minDeadline = e.breaker.cfg.MinDeadline
 	}
 	if cfg.DenyCache > 0 {
 		e.cache = newDenyCache(cfg.DenyCache, cfg.Capacity)
