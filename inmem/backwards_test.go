@@ -34,6 +34,12 @@ func TestClockBackAfterLook(t *testing.T) {
 			return NewLeakyBucket(1, redlimit.PerSecond(1), opts...)
 		}, 1},
 		{"fixed_window", func(opts ...Option) (redlimit.Limiter, error) { return NewFixedWindow(3, time.Second, opts...) }, 3},
+		{"sliding_window", func(opts ...Option) (redlimit.Limiter, error) {
+			return NewSlidingWindow(3, time.Second, 100*time.Millisecond, opts...)
+		}, 3},
+		{"sliding_log", func(opts ...Option) (redlimit.Limiter, error) {
+			return NewSlidingLog(100*time.Millisecond, []redlimit.Strategy{{Limit: 3, Window: time.Second}, {Limit: 6, Window: 2 * time.Second}}, opts...)
+		}, 3},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -47,6 +53,7 @@ func TestClockBackAfterLook(t *testing.T) {
 			r, err = l.AllowN(ctx, "k", 0)
 			require.NoError(t, err)
 			require.Equal(t, c.burst, r.Remaining, "2s later the key is back to initial")
+			require.Zero(t, r.ResetAfter, "2s later the key is back to initial")
 			clock.Advance(-1500 * time.Millisecond)
 			r, err = l.Allow(ctx, "k")
 			require.NoError(t, err)
@@ -149,13 +156,7 @@ func modelResult(m model.Result) redlimit.Result {
 // miniredis: its keys expire on its own clock, which these traces never
 // move, as a WithClock limiter on a real server sees until the TTL passes
 // in real time (within the traces' milliseconds, on a real server, keys
-// would expire while the fake clock still counts on them). The sliding
-// window and log are left out: their script writes nothing on an n == 0
-// call or a denial, so it keeps buckets that the model lets go on every
-// call, and once the clock goes back it may be stricter than the model,
-// never looser (the root package's TestSlidingClockBackAgainstModel checks
-// that). The in-process ones follow the model, which
-// TestDifferentialClockBackwards checks.
+// would expire while the fake clock still counts on them).
 func TestClockBackwardsAgreesWithScripts(t *testing.T) {
 	srv := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), DisableIdentity: true, ContextTimeoutEnabled: true})
@@ -169,9 +170,6 @@ func TestClockBackwardsAgreesWithScripts(t *testing.T) {
 		seed := uint64(7000 + c)
 		rng := rand.New(rand.NewPCG(seed, 0))
 		for k, dc := range randomDiffCases(rng) {
-			if strings.HasPrefix(dc.name, "sliding_") {
-				continue
-			}
 			t.Run(fmt.Sprintf("seed%d/%s", seed, dc.name), func(t *testing.T) {
 				rng := rand.New(rand.NewPCG(seed, 1))
 				clock := &fakeClock{now: epoch.Add(time.Duration(rng.Int64N(int64(time.Hour))))}

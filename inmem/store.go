@@ -130,13 +130,16 @@ func (st *store[S]) clock(ctx context.Context) time.Time {
 }
 
 // put stores state for key after a decision at nowUS that changed it:
-// dropped when resetUS == 0 (the state is initial again), updated in e
-// when the key was there, added otherwise. The caller holds sh.mu.
+// updated in e when the key was there, added otherwise, unless resetUS ==
+// 0 (the state is initial again). Such a key is kept, to go first when
+// room is needed (evict): the clock may go back into the time it was in
+// use, and a call that only looked must not have made it forget what it
+// granted then. The caller holds sh.mu.
 func (sh *shard[S]) put(st *store[S], key string, e *entry[S], state S, nowUS, resetUS int64) {
 	switch {
 	case resetUS == 0:
 		if e != nil {
-			delete(sh.m, key)
+			e.state, e.expiresUS = state, nowUS
 		}
 	case e != nil:
 		e.state, e.expiresUS = state, nowUS+resetUS

@@ -137,21 +137,17 @@ type keyClock struct {
 func (c *keyClock) grant(b int64) { c.tail, c.granted = b, true }
 
 // advance returns the key's time for a call at t µs, on buckets of p µs
-// and a longest window of keep buckets. A key whose last grant has left
-// that window is back in its initial state and forgets its buckets and
-// offset, as Redis forgets a key whose TTL ran out. Otherwise it drops the
-// buckets that had left the window as of the last grant: the key's time
-// never goes back before that grant's bucket, so no window reaches them
-// again.
+// and a longest window of keep buckets. It drops the buckets that had left
+// the window as of the last grant: the key's time never goes back before
+// that grant's bucket, so no window reaches them again. A key whose last
+// grant has left the window is back in its initial state, but keeps that
+// grant: the clock may go back into the time it was in use.
 func (bs *buckets) advance(c *keyClock, t, p, keep int64) int64 {
 	if !c.granted {
 		return t
 	}
 	if b := floorDiv(t+c.offsetUS, p); b < c.tail {
 		c.offsetUS += (c.tail - b) * p
-	} else if c.tail <= b-keep {
-		*bs, *c = buckets{}, keyClock{}
-		return t
 	}
 	for k := range *bs {
 		if k <= c.tail-keep {
