@@ -311,6 +311,10 @@ func TestBreakerOptions(t *testing.T) {
 	var typedNil *FixedWindow
 	_, err = NewFixedWindow(rdb, 1, time.Second, WithFallback(typedNil))
 	require.ErrorIs(t, err, ErrInvalidConfig)
+	_, err = NewFixedWindow(rdb, 1, time.Second, WithBreaker(&Breaker{}))
+	require.ErrorIs(t, err, ErrInvalidConfig, "a zero Breaker would turn the breaker off unsaid")
+	require.Equal(t, BreakerClosed, (&Breaker{}).State(), "no panic")
+	require.Equal(t, BreakerClosed, (*Breaker)(nil).State(), "no panic")
 	require.Equal(t, "half-open", BreakerHalfOpen.String())
 
 	// Without a breaker every call goes to the dead address.

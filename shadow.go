@@ -10,8 +10,12 @@ type shadowKey struct{}
 // observer sees Decision.Shadow set, so that metrics can tell the would-be
 // denials of a limit not yet enforced from real ones. The limiter itself
 // behaves the same; not enforcing a denial is the caller's part, as the
-// shadow modes of httplimit and grpclimit do.
+// shadow modes of httplimit and grpclimit do. A nil ctx gives nil, which
+// every limiter call refuses (ErrInvalidArgument).
 func ShadowContext(ctx context.Context) context.Context {
+	if ctx == nil {
+		return nil
+	}
 	return context.WithValue(ctx, shadowKey{}, true)
 }
 

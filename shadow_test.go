@@ -46,3 +46,16 @@ func TestObserverSeesShadow(t *testing.T) {
 	var nilCtx context.Context // a nil ctx, on purpose
 	assert.False(t, IsShadow(nilCtx), "a nil ctx is not shadow")
 }
+
+// ShadowContext(nil) is nil, which a limiter refuses as bad input, as it
+// refuses a nil ctx: no panic.
+func TestShadowContextOfNil(t *testing.T) {
+	//lint:ignore SA1012 a nil ctx is what this test passes
+	ctx := ShadowContext(nil)
+	require.Nil(t, ctx)
+	require.False(t, IsShadow(ctx))
+	l, err := NewFixedWindow(deadRedis(t, "", 0), 1, time.Second)
+	require.NoError(t, err)
+	_, err = l.Allow(ctx, "k")
+	require.ErrorIs(t, err, ErrInvalidArgument)
+}

@@ -162,11 +162,18 @@ func NewBreaker(cfg BreakerConfig) (*Breaker, error) {
 }
 
 // State returns the breaker's state. An open breaker whose cooldown has
-// passed reads BreakerOpen until a call probes.
-func (b *Breaker) State() BreakerState { return BreakerState(b.b.State()) }
+// passed reads BreakerOpen until a call probes. A nil or zero-value
+// Breaker, which no limiter accepts, reads BreakerClosed.
+func (b *Breaker) State() BreakerState {
+	if b == nil || b.b == nil {
+		return BreakerClosed
+	}
+	return BreakerState(b.b.State())
+}
 
 // WithBreaker makes the limiter use b, which other limiters may share. A
-// nil b is ErrInvalidConfig: use WithoutBreaker to turn it off. A service
+// nil b, or one not made by NewBreaker, is ErrInvalidConfig: use
+// WithoutBreaker to turn it off. A service
 // that builds limiters at runtime (per tenant, per plan) gives them all the
 // one Breaker of their Redis client: each limiter would otherwise open its
 // own only after its own failures, and probe Redis on its own (see
@@ -265,6 +272,9 @@ type outageOptions struct {
 func (o outageOptions) configure(algorithm string, rdb redis.Scripter, cfg *engine.Config) error {
 	if o.breakerSet && !o.noBreaker && o.breaker == nil {
 		return engine.Errorf(ErrInvalidConfig, "redlimit: %s: WithBreaker(nil): use WithoutBreaker to turn it off", algorithm)
+	}
+	if o.breaker != nil && o.breaker.b == nil {
+		return engine.Errorf(ErrInvalidConfig, "redlimit: %s: WithBreaker: the Breaker is a zero value: make it with NewBreaker", algorithm)
 	}
 	if o.fallbackSet && (o.fallback == nil || isNilPointer(o.fallback)) {
 		return engine.Errorf(ErrInvalidConfig, "redlimit: %s: WithFallback(nil)", algorithm)
