@@ -178,6 +178,5 @@ func (b *bucket) Reset(ctx context.Context, key string) error {
 	if err := checkCall(ctx, b.algorithm, key, 0); err != nil {
 		return err
 	}
-	b.store.reset(key)
-	return nil
+	return b.store.reset(b.algorithm, key)
 }

@@ -140,6 +140,5 @@ func (l *FixedWindow) Reset(ctx context.Context, key string) error {
 	if err := checkCall(ctx, "fixed_window", key, 0); err != nil {
 		return err
 	}
-	l.store.reset(key)
-	return nil
+	return l.store.reset("fixed_window", key)
 }

@@ -233,6 +233,18 @@ func TestInvalid(t *testing.T) {
 	require.ErrorIs(t, err, redlimit.ErrInvalidArgument)
 }
 
+// A limiter no constructor made (a zero value) answers ErrInvalidConfig,
+// alone or as a Redis limiter's fallback, and never panics.
+func TestZeroValues(t *testing.T) {
+	ctx := context.Background()
+	for _, l := range []redlimit.Limiter{&FixedWindow{}, &SlidingWindow{}, &SlidingLog{}, &LeakyBucket{}, &TokenBucket{}} {
+		_, err := l.Allow(ctx, "k")
+		require.ErrorIs(t, err, redlimit.ErrInvalidConfig, "%T", l)
+		require.ErrorIs(t, l.TryAcquire(ctx, "k"), redlimit.ErrInvalidConfig, "%T", l)
+		require.ErrorIs(t, l.Reset(ctx, "k"), redlimit.ErrInvalidConfig, "%T", l)
+	}
+}
+
 func TestShare(t *testing.T) {
 	require.Equal(t, 250, Share(1000, 4))
 	require.Equal(t, 333, Share(1000, 3))

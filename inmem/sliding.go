@@ -311,6 +311,5 @@ func (l *log) Reset(ctx context.Context, key string) error {
 	if err := checkCall(ctx, l.algorithm, key, 0); err != nil {
 		return err
 	}
-	l.store.reset(key)
-	return nil
+	return l.store.reset(l.algorithm, key)
 }

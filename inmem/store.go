@@ -2,6 +2,7 @@ package inmem
 
 import (
 	"context"
+	"fmt"
 	"hash/maphash"
 	"sync"
 	"time"
@@ -112,6 +113,9 @@ func (st *store[S]) shard(key string) *shard[S] {
 // time.Now. A clock outside what the scripts take (2001 to 2112) is
 // ErrInvalidArgument, as it is for the Redis limiters.
 func (st *store[S]) nowUS(ctx context.Context, algorithm string) (int64, error) {
+	if st == nil {
+		return 0, errZeroValue(algorithm)
+	}
 	now := st.clock(ctx)
 	if err := engine.CheckClock(redlimit.ErrInvalidArgument, "inmem "+algorithm, now); err != nil {
 		return 0, err
@@ -180,11 +184,25 @@ func (sh *shard[S]) evict(st *store[S], nowUS int64) {
 }
 
 // reset forgets key.
-func (st *store[S]) reset(key string) {
+func (st *store[S]) reset(algorithm, key string) error {
+	if st == nil {
+		return errZeroValue(algorithm)
+	}
 	sh := st.shard(key)
 	sh.mu.Lock()
 	delete(sh.m, key)
 	sh.mu.Unlock()
+	return nil
+}
+
+// errZeroValue is the error of a limiter that no constructor made: a zero
+// value has no store for its keys (and, as a fallback, would otherwise
+// fail only when Redis does).
+func errZeroValue(algorithm string) error {
+	if algorithm == "" {
+		algorithm = "limiter"
+	}
+	return fmt.Errorf("redlimit: inmem %s is a zero value: make it with its constructor: %w", algorithm, redlimit.ErrInvalidConfig)
 }
 
 // len returns the number of keys held, for tests.
