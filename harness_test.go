@@ -63,7 +63,7 @@ const forever = 20 * 24 * time.Hour
 type algorithm struct {
 	name string // as Decision.Algorithm and error messages name it
 	code string // in default keys: redlimit:<code>:<config>:<key>
-	hash bool   // its state is a hash (the sliding algorithms), else a string
+	hash bool   // its state is a sorted set (the sliding algorithms), else a string
 	// shaped is new with the setting new derives from limit and period set
 	// by s (see shape).
 	shaped func(rdb redis.Scripter, limit int, period time.Duration, s shape, opts ...Option) (Limiter, error)

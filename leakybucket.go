@@ -23,11 +23,12 @@ type LeakyBucket struct {
 }
 
 // NewLeakyBucket returns a leaky bucket of capacity permits that drains at
-// leak. capacity must be between 1 and 2^40; leak.Count at least 1 and
-// leak.Per at least 1ms, in whole microseconds; and capacity × leak.Per /
-// gcd(leak.Count, leak.Per in µs) and leak.Count / that gcd at most 2^52,
-// so that the arithmetic is exact. Bad values are ErrInvalidConfig. Keys are
-// redlimit:lb:<config>:<key> unless WithPrefix says otherwise.
+// leak. capacity must be between 1 and 2^40; leak.Count at least 1; and
+// leak.Per from 1ms to 2^44 µs (about 203 days), in whole microseconds. With
+// g = gcd(leak.Count, leak.Per in µs), capacity × leak.Per / g and
+// leak.Count / g must be at most 2^52, so that the arithmetic is exact. Bad
+// values are ErrInvalidConfig. Keys are redlimit:lb:<config>:<key>
+// unless WithPrefix says otherwise.
 func NewLeakyBucket(rdb redis.Scripter, capacity int, leak Rate, opts ...Option) (*LeakyBucket, error) {
 	args, full, err := bucketArgs("leaky_bucket", "leak", capacity, leak)
 	if err != nil {

@@ -152,7 +152,7 @@ type outageRow struct {
 
 func TestOutageTable(t *testing.T) {
 	if os.Getenv("REDLIMIT_OUTAGE_TABLE") != "1" {
-		t.Skip("set REDLIMIT_OUTAGE_TABLE=1 to measure the outage table (about 90s)")
+		t.Skip("set REDLIMIT_OUTAGE_TABLE=1 to measure the outage table (about 45s)")
 	}
 	srv := redistest.Start(t)
 	proxy, err := faultproxy.Start(srv.Addr())

@@ -58,7 +58,7 @@ const (
 	// go-redis stops dialing after PoolSize failed dials in a row and then
 	// probes once a second, so a client may take that second, plus a dial
 	// (relDialSlack), to notice; then the breaker's probe. With the default
-	// cooldown that is the README's "within 2s".
+	// cooldown that is operations.md's "within 2s".
 	relRecovery  = time.Second + relCooldown
 	relDialSlack = 250 * time.Millisecond
 )

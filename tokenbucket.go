@@ -23,11 +23,12 @@ type TokenBucket struct {
 }
 
 // NewTokenBucket returns a token bucket of capacity tokens refilled at
-// refill. capacity must be between 1 and 2^40; refill.Count at least 1 and
-// refill.Per at least 1ms, in whole microseconds; and capacity × refill.Per /
-// gcd(refill.Count, refill.Per in µs) and refill.Count / that gcd at most 2^52,
-// so that the arithmetic is exact. Bad values are ErrInvalidConfig. Keys are
-// redlimit:tb:<config>:<key> unless WithPrefix says otherwise.
+// refill. capacity must be between 1 and 2^40; refill.Count at least 1; and
+// refill.Per from 1ms to 2^44 µs (about 203 days), in whole microseconds. With
+// g = gcd(refill.Count, refill.Per in µs), capacity × refill.Per / g and
+// refill.Count / g must be at most 2^52, so that the arithmetic is exact. Bad
+// values are ErrInvalidConfig. Keys are redlimit:tb:<config>:<key>
+// unless WithPrefix says otherwise.
 func NewTokenBucket(rdb redis.Scripter, capacity int, refill Rate, opts ...Option) (*TokenBucket, error) {
 	args, full, err := bucketArgs("token_bucket", "refill", capacity, refill)
 	if err != nil {

@@ -125,12 +125,13 @@ func main() {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 
 	if *once {
-		traffic(context.Background(), limiters, 300)
+		traffic(context.Background(), limiters, 300, "client")
 		if mr != nil {
 			// A short outage: outcome="error", and source="fallback" for
-			// the limiter that has one.
+			// the limiter that has one. New clients: the deny cache would
+			// answer the known ones' repeated denials without Redis.
 			mr.Close()
-			traffic(context.Background(), limiters, 2)
+			traffic(context.Background(), limiters, 2, "newcomer")
 			if err := mr.Restart(); err != nil {
 				log.Fatal(err)
 			}
@@ -143,7 +144,7 @@ func main() {
 
 	go func() {
 		for {
-			traffic(context.Background(), limiters, 50)
+			traffic(context.Background(), limiters, 50, "client")
 			time.Sleep(time.Second)
 		}
 	}()
@@ -195,11 +196,11 @@ func newLimiters(rdb redis.Scripter, opts ...redlimit.Option) ([]redlimit.Limite
 	return limiters, nil
 }
 
-// traffic sends n requests from a few clients to every limiter, as fast as
-// it can: most are denied.
-func traffic(ctx context.Context, limiters []redlimit.Limiter, n int) {
+// traffic sends n requests from a few clients, named who:0, who:1 and
+// who:2, to every limiter, as fast as it can: most are denied.
+func traffic(ctx context.Context, limiters []redlimit.Limiter, n int, who string) {
 	for i := range n {
-		key := fmt.Sprintf("client:%d", i%3)
+		key := fmt.Sprintf("%s:%d", who, i%3)
 		for _, l := range limiters {
 			ctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 			l.TryAcquire(ctx, key) // the observer sees the outcome
