@@ -429,3 +429,56 @@ func TestDenyCacheSlowRequest(t *testing.T) {
 		require.GreaterOrEqual(t, got.ResetAfter, truth.ResetAfter, "nor its ResetAfter")
 	})
 }
+
+// Limiters in one process that share keys (one client, one WithPrefix)
+// see each other's grants and Resets in their deny caches: A = 5 per 1s
+// caches a denial; B = 10 per 3s then grants on the key, which stretches
+// its window to 3s, and A's next answer is Redis's (RetryAfter 2.8s, not
+// 0.8s). After B resets the key, A is allowed; and so after a Reset through
+// a limiter with no deny cache.
+func TestDenyCacheSeesPeersInProcess(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		clock, opts := prefixClock(be, "peers")
+		a, err := NewFixedWindow(be.rdb, 5, time.Second, append(opts, WithDenyCache(16))...)
+		require.NoError(t, err)
+		plainA, err := NewFixedWindow(be.rdb, 5, time.Second, opts...)
+		require.NoError(t, err)
+		b, err := NewFixedWindow(be.rdb, 10, 3*time.Second, append(opts, WithDenyCache(16))...)
+		require.NoError(t, err)
+		r, err := a.AllowN(ctx, "k", 5)
+		require.NoError(t, err)
+		require.True(t, r.Allowed)
+		r, err = a.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.False(t, r.Allowed, "denied, and cached")
+
+		clock.Advance(100 * time.Millisecond)
+		r, err = b.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, r.Allowed, "B's limit is 10")
+		clock.Advance(100 * time.Millisecond)
+		want, err := plainA.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		got, err := a.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.False(t, got.Allowed)
+		require.Equal(t, want.ResetAfter, got.RetryAfter, "Redis's wait after B's grant")
+
+		require.NoError(t, b.Reset(ctx, "k"))
+		got, err = a.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, got.Allowed, "the key was reset through B")
+
+		// A limiter without a deny cache of its own tells the others too.
+		_, err = a.AllowN(ctx, "k", 4)
+		require.NoError(t, err)
+		got, err = a.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.False(t, got.Allowed, "denied, and cached")
+		require.NoError(t, plainA.Reset(ctx, "k"))
+		got, err = a.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, got.Allowed, "the key was reset through a limiter without a cache")
+	})
+}

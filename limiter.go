@@ -190,9 +190,10 @@ func WithClock(now func() time.Time) Option {
 // another process: the cached denial then keeps its Result of before them
 // until it runs out. A request for more permits than the cached denial,
 // though denied too, goes to Redis: only Redis knows its longer RetryAfter.
-// An allowed request (even one decided while a denial was in flight), a
-// Reset through this limiter, or a clock that went back drops the key's
-// entry; when full, the oldest stored entry goes. Its memory is bounded by
+// An allowed request (even one decided while a denial was in flight) or a
+// Reset, through this limiter or any other in this process on the same
+// client and prefix (one WithPrefix, or one configuration), or a clock
+// that went back drops the key's entry; when full, the oldest stored entry goes. Its memory is bounded by
 // about size × 608 bytes whatever the keys' length (keys are copied, so the
 // cache never keeps a larger string alive): keys longer than 256 bytes on
 // average make it keep fewer entries. size <= 0 is ErrInvalidConfig.

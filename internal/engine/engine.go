@@ -80,6 +80,7 @@ type Engine struct {
 	policies  int
 	clock     func() time.Time
 	cache     *denyCache
+	peerKey   any // newPeerKey(rdb, prefix), boxed once: see tellPeers
 	observe   func(Event)
 	bound     time.Duration // clientBound(rdb): see runWithin
 
@@ -119,8 +120,11 @@ func New(rdb redis.Scripter, cfg Config) *Engine {
 	if e.breaker != nil {
 		e.minDeadline = e.breaker.cfg.MinDeadline
 	}
+	key := newPeerKey(rdb, cfg.Prefix)
+	e.peerKey = key
 	if cfg.DenyCache > 0 {
 		e.cache = newDenyCache(cfg.DenyCache, cfg.Capacity)
+		joinPeers(key, e.cache)
 	}
 	if p, ok := rdb.(processor); ok {
 		e.proc, e.sha, e.src = p, cfg.Script.Hash(), cfg.Source
@@ -257,6 +261,9 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 		}
 		e.cache.store(key, n, r, now, answered, generation)
 	}
+	if r.Allowed && n > 0 {
+		e.tellPeers(key)
+	}
 	return r, false, nil
 }
 
@@ -277,6 +284,9 @@ func (e *Engine) Reset(ctx context.Context, key string) error {
 		e.cache.forget(key)
 		defer e.cache.forget(key)
 	}
+	// Before and after, as for this limiter's own cache.
+	e.tellPeers(key)
+	defer e.tellPeers(key)
 	if _, err := e.guardedRun(ctx, request{key: key, reset: true}); err != nil {
 		return e.redisError(ctx, key, "reset: ", err)
 	}
