@@ -35,11 +35,13 @@ func newPeerKey(rdb any, prefix string) peerKey {
 }
 
 // peers are the deny caches of one prefix. A cache is held weakly, and
-// leaves when its limiter is collected.
+// leaves when its limiter is collected; a group left empty is dropped, and
+// a later limiter starts a new one.
 type peers struct {
-	key    peerKey
-	mu     sync.Mutex // held to change caches
-	caches atomic.Pointer[[]weak.Pointer[denyCache]]
+	key     peerKey
+	mu      sync.Mutex // held to change caches or dropped
+	dropped bool       // no longer in peerCaches
+	caches  atomic.Pointer[[]weak.Pointer[denyCache]]
 }
 
 // tellPeers drops key's denials from the deny caches of the other limiters
@@ -53,19 +55,26 @@ func (e *Engine) tellPeers(key string) {
 
 // joinPeers adds c to the group key.
 func joinPeers(key peerKey, c *denyCache) {
-	v, _ := peerCaches.LoadOrStore(key, &peers{key: key})
-	g := v.(*peers)
-	g.update(func(caches []weak.Pointer[denyCache]) []weak.Pointer[denyCache] {
-		return append(caches, weak.Make(c))
-	})
-	runtime.AddCleanup(c, func(g *peers) { g.update(nil) }, g)
+	for {
+		v, _ := peerCaches.LoadOrStore(key, &peers{key: key})
+		g := v.(*peers)
+		if g.update(c) {
+			runtime.AddCleanup(c, func(g *peers) { g.update(nil) }, g)
+			return
+		}
+		// g was left empty and dropped meanwhile: join the next one.
+	}
 }
 
-// update replaces the group's caches with add applied to the live ones
-// (nil: only drop the dead), and drops an empty group from peerCaches.
-func (g *peers) update(add func([]weak.Pointer[denyCache]) []weak.Pointer[denyCache]) {
+// update keeps the group's live caches and adds add (if not nil). A group
+// left empty is dropped from peerCaches; update then reports false, and
+// adds nothing, ever after.
+func (g *peers) update(add *denyCache) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.dropped {
+		return false
+	}
 	var live []weak.Pointer[denyCache]
 	if old := g.caches.Load(); old != nil {
 		for _, p := range *old {
@@ -75,18 +84,24 @@ func (g *peers) update(add func([]weak.Pointer[denyCache]) []weak.Pointer[denyCa
 		}
 	}
 	if add != nil {
-		live = add(live)
+		live = append(live, weak.Make(add))
 	}
 	g.caches.Store(&live)
 	if len(live) == 0 {
+		g.dropped = true
 		peerCaches.CompareAndDelete(g.key, g)
 	}
+	return true
 }
 
 // forget drops key's denial, and its denials in flight, from every cache
 // of the group but self (nil: every cache).
 func (g *peers) forget(key string, self *denyCache) {
-	for _, p := range *g.caches.Load() {
+	caches := g.caches.Load()
+	if caches == nil {
+		return // a group being made: its first cache has nothing to forget yet
+	}
+	for _, p := range *caches {
 		if c := p.Value(); c != nil && c != self {
 			c.forget(key)
 		}

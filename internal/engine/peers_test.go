@@ -2,6 +2,7 @@ package engine
 
 import (
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,4 +40,27 @@ func TestPeersLeaveWithTheirCaches(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	require.Nil(t, group(), "the group left with its last cache")
+}
+
+// Limiters joining, granting and being collected at once: no race, and a
+// grant never meets a group half made.
+func TestPeersConcurrent(t *testing.T) {
+	key := newPeerKey(new(int), "peers-concurrent:")
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				c := newDenyCache(2, 3)
+				joinPeers(key, c)
+				e := &Engine{peerKey: key, cache: c}
+				e.tellPeers("k")
+				if i%50 == 0 {
+					runtime.GC()
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
