@@ -67,8 +67,8 @@ func ClientIP(trustedProxies ...netip.Prefix) KeyFunc {
 // trusted proxy that is not an address is an error (the chain is
 // misconfigured), except Forwarded's "unknown" and obfuscated identifiers
 // ("_hidden"), which a proxy writes on purpose: the identifier, without a
-// port, is then the key, so such clients share one limit. It panics on an invalid p: a
-// programming error, caught at start-up.
+// port, is then the key, so such clients share one limit. It panics on an
+// invalid p: a programming error, caught at start-up.
 func ClientIPBehind(p Proxies) KeyFunc {
 	header := http.CanonicalHeaderKey(p.Header)
 	if p.Header == "" {
