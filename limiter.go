@@ -178,26 +178,26 @@ func WithClock(now func() time.Time) Option {
 	return func(o *options) { o.clock, o.clockSet = now, true }
 }
 
-// WithDenyCache keeps up to size recent denials in process. While a denial's
-// RetryAfter has not passed and the key's Remaining has not changed, the
-// same request on that key is denied locally, without a round trip
-// (Decision.Local is set), and so is one for more permits than the capacity
-// (RetryAfter == Never), with the Result Redis would give: to the
-// microsecond under WithClock; without it, with durations counted from
-// when Redis's answer came back, never shorter than Redis's. This is exact
-// for every algorithm here, since state only recovers with time, except
-// after a Reset, grants, or a clamp written after the clock went back, by
-// another process: the cached denial then keeps its Result of before them
-// until it runs out. A request for more permits than the cached denial,
-// though denied too, goes to Redis: only Redis knows its longer RetryAfter.
-// An allowed request (even one decided while a denial was in flight) or a
+// WithDenyCache keeps up to size recent denials in process. While a
+// denial's RetryAfter has not passed and the key's Remaining has not
+// changed, the same request on that key is denied locally, without a round
+// trip (Decision.Local is set), and so is one for more permits than the
+// capacity (RetryAfter == Never), with the Result Redis would give: to the
+// microsecond under WithClock; without it, with durations counted from when
+// Redis's answer came back, never shorter than Redis's. This is exact for
+// every algorithm here, since state only recovers with time, except after a
+// Reset, grants, or a clamp written after the clock went back, by another
+// process: the cached denial then keeps its Result of before them until it
+// runs out. A request for more permits than the cached denial, though
+// denied too, goes to Redis: only Redis knows its longer RetryAfter. An
+// allowed request (even one decided while a denial was in flight) or a
 // Reset, through this limiter or any other in this process on the same
-// client and prefix (one WithPrefix, or one configuration), or a clock
-// that went back drops the key's entry; when full, the oldest stored entry goes. Its memory is bounded by
-// about size × 608 bytes whatever the keys' length (keys are copied, so the
-// cache never keeps a larger string alive): keys longer than 256 bytes on
-// average make it keep fewer entries. size <= 0 is ErrInvalidConfig.
-// Default: off.
+// client and prefix (one WithPrefix, or one configuration), or a clock that
+// went back drops the key's entry; when full, the oldest stored entry goes.
+// Its memory is bounded by about size × 608 bytes whatever the keys' length
+// (keys are copied, so the cache never keeps a larger string alive): keys
+// longer than 256 bytes on average make it keep fewer entries. size <= 0 is
+// ErrInvalidConfig. Default: off.
 func WithDenyCache(size int) Option {
 	return func(o *options) { o.denyCache, o.denyCacheSet = size, true }
 }

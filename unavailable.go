@@ -71,18 +71,17 @@ type BreakerConfig struct {
 	// cooldown probes, not when the cooldown ends.
 	OnChange func(BreakerChange)
 	// MinDeadline is the shortest ctx deadline, counted from the start of
-	// the call, whose passing mid-call counts as a failure; a call cut
-	// short by a shorter deadline of its own says nothing about Redis and
-	// is not counted. Default 20ms: far above what a healthy Redis takes
-	// (a script round trip is well under a millisecond on a LAN), far below
-	// a service's own deadlines. Raise it on a slow link (above 10× Redis's
-	// p99 round trip): it is also the least time a round trip gets (a
-	// call with a shorter deadline returns at it while its round trip runs
-	// on, so that its connection stays in the pool), and the first probe
-	// after an outage dials. While the breaker is closed,
-	// calls whose deadlines are all shorter than it leave a paused Redis
-	// to the client's ReadTimeout to detect (ClientOptions). Negative is
-	// ErrInvalidConfig.
+	// the call, whose passing mid-call counts as a failure; a call cut short
+	// by a shorter deadline of its own says nothing about Redis and is not
+	// counted. Default 20ms: far above what a healthy Redis takes (a script
+	// round trip is well under a millisecond on a LAN), far below a
+	// service's own deadlines. Raise it on a slow link (above 10× Redis's
+	// p99 round trip): it is also the least time a round trip gets (a call
+	// with a shorter deadline returns at it while its round trip runs on, so
+	// that its connection stays in the pool), and the first probe after an
+	// outage dials. While the breaker is closed, calls whose deadlines are
+	// all shorter than it leave a paused Redis to the client's ReadTimeout
+	// to detect (ClientOptions). Negative is ErrInvalidConfig.
 	MinDeadline time.Duration
 	// Now is the clock the cooldown is counted on. Default time.Now; a fake
 	// clock is for tests. It is not the limiter's WithClock: that one tells
@@ -173,11 +172,10 @@ func (b *Breaker) State() BreakerState {
 
 // WithBreaker makes the limiter use b, which other limiters may share. A
 // nil b, or one not made by NewBreaker, is ErrInvalidConfig: use
-// WithoutBreaker to turn it off. A service
-// that builds limiters at runtime (per tenant, per plan) gives them all the
-// one Breaker of their Redis client: each limiter would otherwise open its
-// own only after its own failures, and probe Redis on its own (see
-// examples/tenants).
+// WithoutBreaker to turn it off. A service that builds limiters at runtime
+// (per tenant, per plan) gives them all the one Breaker of their Redis
+// client: each limiter would otherwise open its own only after its own
+// failures, and probe Redis on its own (see examples/tenants).
 func WithBreaker(b *Breaker) Option {
 	return func(o *options) { o.outage.breaker, o.outage.breakerSet = b, true }
 }
