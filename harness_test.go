@@ -415,8 +415,8 @@ func (r *commandRecorder) dialed() int {
 // ttlKeeper is a go-redis hook for traces on a fake clock against a real
 // server, which expires keys in real time: the TTLs the scripts set are in
 // fake time, often milliseconds. After every decision it sets the decided
-// key's TTL to ttl, in the same round trip as the decision (the two are
-// sent as one pipeline). Expiry is tested apart; a key always keeps a TTL,
+// key's TTL to ttl, in the same round trip and the same transaction as the
+// decision. Expiry is tested apart; a key always keeps a TTL,
 // as one without is foreign.
 type ttlKeeper struct {
 	rdb *redis.Client
@@ -465,8 +465,12 @@ func (k ttlKeeper) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if !c.decision {
 			return next(ctx, cmd)
 		}
-		// A pipeline runs the pipeline hooks, not this one.
-		_, _ = k.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		// A pipeline runs the pipeline hooks, not this one. MULTI/EXEC,
+		// not a bare pipeline: a server stalled a few ms between the two
+		// (a loaded CI machine) would expire a key whose fake-time TTL is
+		// that short before the PEXPIRE reached it; within EXEC, the
+		// server's clock stands still.
+		_, _ = k.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 			_ = p.Process(ctx, cmd) // queued: its reply lands in cmd
 			p.PExpire(ctx, c.key, k.ttl)
 			return nil
