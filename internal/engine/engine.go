@@ -124,7 +124,7 @@ func New(rdb redis.Scripter, cfg Config) *Engine {
 	e.peerKey = key
 	if cfg.DenyCache > 0 {
 		e.cache = newDenyCache(cfg.DenyCache, cfg.Capacity)
-		joinPeers(key, e.cache)
+		joinPeers(key, e, e.cache)
 	}
 	if p, ok := rdb.(processor); ok {
 		e.proc, e.sha, e.src = p, cfg.Script.Hash(), cfg.Source

@@ -4,8 +4,6 @@ import (
 	"reflect"
 	"runtime"
 	"sync"
-	"sync/atomic"
-	"weak"
 )
 
 // peerCaches groups the deny caches of the limiters in this process that
@@ -34,14 +32,19 @@ func newPeerKey(rdb any, prefix string) peerKey {
 	return k
 }
 
-// peers are the deny caches of one prefix. A cache is held weakly, and
-// leaves when its limiter is collected; a group left empty is dropped, and
-// a later limiter starts a new one.
+// peers are the deny caches of one group. A cache is held until the engine
+// that owns it is collected (a cache does not point back to its engine);
+// a group left empty is dropped, and a later limiter starts a new one.
+//
+// The caches are held strongly, not through weak pointers: reading a weak
+// pointer while the collector marks keeps its object alive for that cycle,
+// so a process granting all the time, walking the group on every grant,
+// would never let a dropped limiter go.
 type peers struct {
 	key     peerKey
-	mu      sync.Mutex // held to change caches or dropped
-	dropped bool       // no longer in peerCaches
-	caches  atomic.Pointer[[]weak.Pointer[denyCache]]
+	mu      sync.RWMutex // written to join, leave or drop; read to walk caches
+	dropped bool         // no longer in peerCaches
+	caches  map[*denyCache]struct{}
 }
 
 // tellPeers drops key's denials from the deny caches of the other limiters
@@ -53,56 +56,50 @@ func (e *Engine) tellPeers(key string) {
 	}
 }
 
-// joinPeers adds c to the group key.
-func joinPeers(key peerKey, c *denyCache) {
+// joinPeers adds c, the deny cache of owner, to the group key until owner
+// is collected.
+func joinPeers(key peerKey, owner *Engine, c *denyCache) {
 	for {
-		v, _ := peerCaches.LoadOrStore(key, &peers{key: key})
+		v, _ := peerCaches.LoadOrStore(key, &peers{key: key, caches: map[*denyCache]struct{}{}})
 		g := v.(*peers)
-		if g.update(c) {
-			runtime.AddCleanup(c, func(g *peers) { g.update(nil) }, g)
+		if g.join(c) {
+			runtime.AddCleanup(owner, g.leave, c)
 			return
 		}
 		// g was left empty and dropped meanwhile: join the next one.
 	}
 }
 
-// update keeps the group's live caches and adds add (if not nil). A group
-// left empty is dropped from peerCaches; update then reports false, and
-// adds nothing, ever after.
-func (g *peers) update(add *denyCache) bool {
+// join adds c to the group, unless the group was dropped.
+func (g *peers) join(c *denyCache) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.dropped {
 		return false
 	}
-	var live []weak.Pointer[denyCache]
-	if old := g.caches.Load(); old != nil {
-		for _, p := range *old {
-			if p.Value() != nil {
-				live = append(live, p)
-			}
-		}
-	}
-	if add != nil {
-		live = append(live, weak.Make(add))
-	}
-	g.caches.Store(&live)
-	if len(live) == 0 {
+	g.caches[c] = struct{}{}
+	return true
+}
+
+// leave removes c from the group, and drops the group if it is left empty:
+// nothing joins it ever after.
+func (g *peers) leave(c *denyCache) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.caches, c)
+	if len(g.caches) == 0 {
 		g.dropped = true
 		peerCaches.CompareAndDelete(g.key, g)
 	}
-	return true
 }
 
 // forget drops key's denial, and its denials in flight, from every cache
 // of the group but self (nil: every cache).
 func (g *peers) forget(key string, self *denyCache) {
-	caches := g.caches.Load()
-	if caches == nil {
-		return // a group being made: its first cache has nothing to forget yet
-	}
-	for _, p := range *caches {
-		if c := p.Value(); c != nil && c != self {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	for c := range g.caches {
+		if c != self {
 			c.forget(key)
 		}
 	}
