@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/faultproxy"
@@ -216,5 +217,72 @@ func TestShortDeadlinesKeepConnections(t *testing.T) {
 			// fill the pool, and a few a loaded machine may drop.
 			require.LessOrEqual(t, dials.Load(), int64(poolSize+4), "%d calls timed out: connections dialled", timedOut)
 		}
+	})
+}
+
+// Callers with short deadlines in a flood, more at once than the round
+// trips that may run on (64 a limiter), on a link slower than every
+// deadline: a call that finds none free by its deadline ends there without
+// reaching Redis, so no connection is cut and none dialled. Such a call
+// once ran on its own deadline, and go-redis dropped its connection.
+func TestShortDeadlineFloodKeepsConnections(t *testing.T) {
+	const poolSize, callers, calls = 200, 150, 8
+	forEachBackend(t, func(t *testing.T, b backend) {
+		proxy, err := faultproxy.Start(b.rdb.Options().Addr)
+		require.NoError(t, err)
+		t.Cleanup(func() { proxy.Close() })
+		proxy.SetDelay(2 * time.Millisecond)
+		var dials atomic.Int64
+		rdb := redis.NewClient(&redis.Options{
+			Addr: proxy.Addr(), DB: b.rdb.Options().DB, PoolSize: poolSize,
+			ContextTimeoutEnabled: true, DisableIdentity: true,
+			// Generous: only the callers' deadlines are meant to end calls.
+			DialTimeout: 5 * time.Second, ReadTimeout: 5 * time.Second,
+			Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				dials.Add(1)
+				return (&net.Dialer{}).DialContext(ctx, network, addr)
+			},
+		})
+		t.Cleanup(func() { rdb.Close() })
+		// Round trips run on get 200ms: on a loaded machine, 20ms may not
+		// be enough through the slow link, and one cut there would cost a
+		// connection too.
+		breaker, err := NewBreaker(BreakerConfig{MinDeadline: 200 * time.Millisecond})
+		require.NoError(t, err)
+		l, err := NewTokenBucket(rdb, 1_000_000, PerSecond(1_000_000), WithBreaker(breaker), WithPrefix(fmt.Sprintf("flood:%d:", time.Now().UnixNano())))
+		require.NoError(t, err)
+		// The connections the flood may use, dialled, and the script
+		// loaded: a dial counted below is a connection cut.
+		var wg sync.WaitGroup
+		for range 64 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := l.Allow(context.Background(), "k")
+				assert.NoError(t, err)
+			}()
+		}
+		wg.Wait()
+		dials.Store(0)
+		var timedOut atomic.Int64
+		for g := range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range calls {
+					ctx, cancel := context.WithTimeout(context.Background(), time.Duration(300+(g*7+i*13)%1000)*time.Microsecond)
+					_, err := l.Allow(ctx, "k")
+					cancel()
+					if errors.Is(err, context.DeadlineExceeded) {
+						timedOut.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		require.GreaterOrEqual(t, timedOut.Load(), int64(callers*calls/2), "the calls must time out, or this test shows nothing")
+		// Cut at their callers' deadlines, the calls beyond 64 cost about
+		// one dial in three; a loaded machine may still cut a few.
+		require.LessOrEqual(t, dials.Load(), int64(32), "%d calls timed out: connections dialled", timedOut.Load())
 	})
 }

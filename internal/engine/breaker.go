@@ -339,22 +339,27 @@ func (e *Engine) guardedRun(ctx context.Context, req request) (string, error) {
 		}
 	}
 	if e.short(ctx, start) {
-		if e.detachedCalls.Add(1) <= maxDetachedCalls {
-			// Judged by its caller's deadline, as if it had not run on.
-			return e.detach(ctx, start, func(detached context.Context) (string, error) {
-				defer e.detachedCalls.Add(-1)
-				return e.recordedRun(detached, ctx, start, req, false)
-			})
+		// A slot to run on, by the caller's deadline; else the call ends
+		// there without reaching Redis, as cut at that deadline it would
+		// cost a connection.
+		select {
+		case e.detachSlots <- struct{}{}:
+		case <-ctx.Done():
+			return "", doneBeforeCall{ctx.Err()}
 		}
-		e.detachedCalls.Add(-1)
+		// Judged by its caller's deadline, as if it had not run on.
+		return e.detach(ctx, start, func(detached context.Context) (string, error) {
+			defer func() { <-e.detachSlots }()
+			return e.recordedRun(detached, ctx, start, req, false)
+		})
 	}
 	return e.recordedRun(ctx, ctx, start, req, false)
 }
 
 // maxDetachedCalls bounds the calls with short deadlines that one engine
-// runs on after their callers returned (see detach): beyond it, such a
-// call ends at its caller's deadline, so that callers cannot pile up
-// goroutines and connections faster than Redis answers.
+// runs on after their callers returned (see detach), so that callers
+// cannot pile up goroutines and connections faster than Redis answers. A
+// short call that finds all taken waits for one until its deadline.
 const maxDetachedCalls = 64
 
 // recordedRun is runWithin on ctx, started at start, and tells the breaker,

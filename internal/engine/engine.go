@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -86,7 +85,7 @@ type Engine struct {
 
 	breaker             *Breaker
 	minDeadline         time.Duration // the breaker's MinDeadline, else DefaultMinDeadline
-	detachedCalls       atomic.Int64  // calls with short deadlines running on: see guardedRun
+	detachSlots         chan struct{} // one per call with a short deadline running on: see guardedRun
 	unavailableSentinel error
 	fallbackFn          func(ctx context.Context, key string, n int) (Reply, error)
 	invalidArgument     error
@@ -116,6 +115,7 @@ func New(rdb redis.Scripter, cfg Config) *Engine {
 		invalidArgument:     cfg.InvalidArgument,
 		foreign:             cfg.Foreign,
 	}
+	e.detachSlots = make(chan struct{}, maxDetachedCalls)
 	e.minDeadline = DefaultMinDeadline
 	if e.breaker != nil {
 		e.minDeadline = e.breaker.cfg.MinDeadline
