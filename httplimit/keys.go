@@ -67,7 +67,8 @@ func ClientIP(trustedProxies ...netip.Prefix) KeyFunc {
 // trusted proxy that is not an address is an error (the chain is
 // misconfigured), except Forwarded's "unknown" and obfuscated identifiers
 // ("_hidden"), which a proxy writes on purpose: the identifier, without a
-// port, is then the key, so such clients share one limit. It panics on an
+// port, is then the key, so such clients share one limit; an address with
+// an obfuscated port ("192.0.2.43:_abc") is the address. It panics on an
 // invalid p: a programming error, caught at start-up.
 func ClientIPBehind(p Proxies) KeyFunc {
 	header := http.CanonicalHeaderKey(p.Header)
@@ -182,7 +183,7 @@ func readForwarded(r *http.Request, isTrusted func(netip.Addr) bool) (string, er
 				// can be believed.
 				return name, nil
 			}
-			addr, err := parseAddr(node)
+			addr, err := parseAddr(withoutObfuscatedPort(node))
 			if err != nil {
 				return "", fmt.Errorf("client IP: Forwarded for=%q from a trusted proxy: %w", boundQuote(node), err)
 			}
@@ -465,6 +466,22 @@ func parseHostPort(s string) (netip.Addr, error) {
 		return normalize(ap.Addr()), nil
 	}
 	return parseAddr(s)
+}
+
+// withoutObfuscatedPort returns a for= node without its port when that port
+// is obfuscated (RFC 7239 §6: "_" then letters, digits, ".", "_" or "-"):
+// "192.0.2.43:_abc" is 192.0.2.43, and "[2001:db8::1]:_p" [2001:db8::1].
+func withoutObfuscatedPort(node string) string {
+	i := strings.LastIndexByte(node, ':')
+	if i < 0 || len(node) < i+3 || node[i+1] != '_' {
+		return node
+	}
+	for _, c := range []byte(node[i+2:]) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return node
+		}
+	}
+	return node[:i]
 }
 
 // parseAddr parses an address as proxies write it: 192.0.2.1, 2001:db8::1,

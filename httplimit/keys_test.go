@@ -190,6 +190,20 @@ func TestClientIPSpoofing(t *testing.T) {
 			want:    "_gazonk",
 		},
 		{
+			name:    "Forwarded: an address with an obfuscated port (RFC 7239 6.3)",
+			proxies: Proxies{Header: "Forwarded", Trusted: proxy},
+			remote:  "10.0.0.1:80",
+			headers: map[string][]string{"Forwarded": {`for="192.0.2.43:_abc"`}},
+			want:    "192.0.2.43",
+		},
+		{
+			name:    "Forwarded: an IPv6 address with an obfuscated port",
+			proxies: Proxies{Header: "Forwarded", Trusted: proxy},
+			remote:  "10.0.0.1:80",
+			headers: map[string][]string{"Forwarded": {`for="[2001:db8::1]:_p-1.x"`}},
+			want:    "2001:db8::1",
+		},
+		{
 			name:    "Forwarded: unknown with a port",
 			proxies: Proxies{Header: "Forwarded", Trusted: proxy},
 			remote:  "10.0.0.1:80",
