@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -120,6 +121,28 @@ func TestMemoryBound(t *testing.T) {
 	_, err = n.AllowN(ctx, "only-looking", 0)
 	require.NoError(t, err)
 	require.Zero(t, n.store.len())
+}
+
+// A key cut from a larger string (a header line, a request body) does not
+// keep that string alive: the store holds a copy, so its memory is bounded
+// by its keys, not by what they were cut from.
+func TestKeysAreCopied(t *testing.T) {
+	ctx := context.Background()
+	l, err := NewFixedWindow(5, time.Hour)
+	require.NoError(t, err)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range 64 {
+		line := strings.Repeat("x", 1<<20) + strconv.Itoa(i) // 1 MiB each
+		_, err := l.Allow(ctx, line[1<<20-4:])
+		require.NoError(t, err)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	require.Equal(t, 64, l.store.len())
+	require.Less(t, int64(after.HeapAlloc)-int64(before.HeapAlloc), int64(8<<20), "64 keys of about 6 bytes hold their 1 MiB lines")
+	runtime.KeepAlive(l)
 }
 
 // TestChurnKeepsDeniedKey is the finding of a client that bought its

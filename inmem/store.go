@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"strings"
 	"sync"
 	"time"
 
@@ -51,7 +52,8 @@ func WithClock(now func() time.Time) Option {
 
 // WithMaxKeys bounds the number of keys the limiter holds (default
 // DefaultMaxKeys; a fixed window or bucket key costs about 100-150 bytes
-// with the key's string, a sliding key more per nonempty bucket). The
+// with the key's string, a sliding key more per nonempty bucket; keys are
+// copied, so a key cut from a larger string never keeps it alive). The
 // bound is kept per shard (up to 64 of them, each holding at least 16
 // keys, the bound divided among them rounded up). When a shard is full, a
 // new key makes room: among a sample of 8 of the shard's keys, those back
@@ -151,7 +153,9 @@ func (sh *shard[S]) put(st *store[S], key string, e *entry[S], state S, nowUS, r
 		if len(sh.m) >= sh.max {
 			sh.evict(st, nowUS)
 		}
-		sh.m[key] = &entry[S]{state: state, expiresUS: nowUS + resetUS}
+		// A copy: a key cut from a larger string (a header line) must not
+		// keep that string alive while the key is held.
+		sh.m[strings.Clone(key)] = &entry[S]{state: state, expiresUS: nowUS + resetUS}
 	}
 }
 
