@@ -262,7 +262,7 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 		e.cache.store(key, n, r, now, answered, generation)
 	}
 	if r.Allowed && n > 0 {
-		e.tellPeers(key)
+		e.tellPeers(key, e.cache) // its own entry went in store
 	}
 	return r, false, nil
 }
@@ -278,15 +278,11 @@ func (e *Engine) Reset(ctx context.Context, key string) error {
 	if err := CheckArgs(e.invalidArgument, e.algorithm, ctx, key); err != nil {
 		return err
 	}
-	if e.cache != nil {
-		// Before and after the DEL: a decision in flight across either
-		// may have read the old state, and must not cache its denial.
-		e.cache.forget(key)
-		defer e.cache.forget(key)
-	}
-	// Before and after, as for this limiter's own cache.
-	e.tellPeers(key)
-	defer e.tellPeers(key)
+	// Before and after the DEL, in this limiter's cache and its peers': a
+	// decision in flight across either may have read the old state, and
+	// must not cache its denial.
+	e.tellPeers(key, nil)
+	defer e.tellPeers(key, nil)
 	if _, err := e.guardedRun(ctx, request{key: key, reset: true}); err != nil {
 		return e.redisError(ctx, key, "reset: ", err)
 	}

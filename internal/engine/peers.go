@@ -47,12 +47,14 @@ type peers struct {
 	caches  map[*denyCache]struct{}
 }
 
-// tellPeers drops key's denials from the deny caches of the other limiters
-// on this engine's prefix, after a grant or around a Reset: whether or not
-// this limiter has a cache of its own, the key changed for them too.
-func (e *Engine) tellPeers(key string) {
+// tellPeers drops key's denials from the deny caches of the limiters on
+// this engine's prefix but skip (nil: all of them, this one's too), after
+// a grant or around a Reset: whether or not this limiter has a cache of
+// its own, the key changed for them too. A cache of this engine is always
+// in the group, which lives as long as the engine does.
+func (e *Engine) tellPeers(key string, skip *denyCache) {
 	if v, ok := peerCaches.Load(e.peerKey); ok {
-		v.(*peers).forget(key, e.cache)
+		v.(*peers).forget(key, skip)
 	}
 }
 

@@ -72,7 +72,7 @@ func TestPeersLeaveWhileGranting(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for !stop.Load() {
-			kept.tellPeers("k")               // what each grant through kept does
+			kept.tellPeers("k", kept.cache)   // what each grant through kept does
 			time.Sleep(20 * time.Microsecond) // about a round trip
 		}
 	}()
@@ -105,7 +105,7 @@ func TestPeersConcurrent(t *testing.T) {
 			defer wg.Done()
 			for i := range 200 {
 				e := peerEngine(key)
-				e.tellPeers("k")
+				e.tellPeers("k", e.cache)
 				if i%50 == 0 {
 					runtime.GC()
 				}
