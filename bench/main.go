@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"regexp"
 	"syscall"
 	"time"
 
@@ -37,6 +38,7 @@ type flags struct {
 	adverse    bool
 	jsonPath   string
 	mdPath     string
+	rows       *regexp.Regexp // nil: every row and every measurement
 }
 
 func main() {
@@ -52,7 +54,16 @@ func main() {
 	flag.BoolVar(&f.adverse, "adversarial", false, "only measure sliding-window calls on adversarial states and exit")
 	flag.StringVar(&f.jsonPath, "json", "", "write all results as JSON to this file")
 	flag.StringVar(&f.mdPath, "md", "", "also write the markdown tables to this file")
+	rows := flag.String("rows", "", "only the rows whose \"workload name\" matches this regexp, and no other measurement or target: a focused comparison that can afford more -rounds (see docs/performance.md)")
 	flag.Parse()
+	if *rows != "" {
+		re, err := regexp.Compile(*rows)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench: -rows:", err)
+			os.Exit(2)
+		}
+		f.rows = re
+	}
 	def := func(d *time.Duration, full, quick time.Duration) {
 		if *d == 0 {
 			*d = full
@@ -137,10 +148,17 @@ func run(f flags) error {
 	if err != nil {
 		return err
 	}
+	if len(rows) == 0 {
+		return fmt.Errorf("-rows %q: no row matches", f.rows)
+	}
 	if err := env.rounds(rows); err != nil {
 		return err
 	}
 	rep.Rows = summarize(rows)
+	if f.rows != nil {
+		rep.Floors = floors(rep.Rows)
+		return rep.write(f)
+	}
 
 	if rep.Memory, err = env.memory(); err != nil {
 		return fmt.Errorf("memory: %w", err)
@@ -159,6 +177,12 @@ func run(f flags) error {
 	}
 	rep.Floors = floors(rep.Rows)
 	rep.Targets = targets(rep)
+	return rep.write(f)
+}
+
+// write prints the report's markdown and writes the files f asks for. It
+// fails when a row of ours had errors.
+func (rep report) write(f flags) error {
 	md := rep.markdown()
 	fmt.Print(md)
 	if f.mdPath != "" {
@@ -192,7 +216,11 @@ type environment struct {
 }
 
 func (f flags) describe() string {
-	return fmt.Sprintf("rounds=%d seq=%v conc=%v goroutines=%d memkeys=%d quick=%v", f.rounds, f.seq, f.conc, f.goroutines, f.memKeys, f.quick)
+	d := fmt.Sprintf("rounds=%d seq=%v conc=%v goroutines=%d memkeys=%d quick=%v", f.rounds, f.seq, f.conc, f.goroutines, f.memKeys, f.quick)
+	if f.rows != nil {
+		d += fmt.Sprintf(" rows=%q", f.rows)
+	}
+	return d
 }
 
 func runID() string {

@@ -335,25 +335,37 @@ func (rep report) markdown() string {
 			r.Workload, r.Name, r.P50US, r.P99US, r.DecisionsPerSec, r.VsReturnOne, 100*r.AllowedFraction,
 			r.CommandsPerDecision, r.RoundTripsPerDecision, r.ScriptUSPerDecision, script, r.AllocsPerOp, r.BytesPerOp, r.Errors)
 	}
-	p("\n| Redis memory per key | sample key | type / encoding | MEMORY USAGE (B) | used_memory Δ / key (B) |\n|---|---|---|--:|--:|\n")
+	if len(rep.Memory) > 0 {
+		p("\n| Redis memory per key | sample key | type / encoding | MEMORY USAGE (B) | used_memory Δ / key (B) |\n|---|---|---|--:|--:|\n")
+	}
 	for _, mr := range rep.Memory {
 		p("| %s | `%s` | %s / %s | %d | %.1f |\n", mr.Name, mr.SampleKey, mr.Type, mr.Encoding, mr.MemoryUsage, mr.UsedMemoryPer)
 	}
-	p("\n| exactness: 4 clients × 50 goroutines × 10 tries, limit 1,000 on one key | admitted | errors | exact |\n|---|--:|--:|---|\n")
+	if len(rep.Exactness) > 0 {
+		p("\n| exactness: 4 clients × 50 goroutines × 10 tries, limit 1,000 on one key | admitted | errors | exact |\n|---|--:|--:|---|\n")
+	}
 	for _, e := range rep.Exactness {
 		p("| %s | %d | %d | %v |\n", e.Name, e.Admitted, e.Errors, e.Exact)
 	}
-	p("\n| bucket scaling | mode | script µs, 10 buckets | script µs, 3,600 buckets | ratio |\n|---|---|--:|--:|--:|\n")
+	if len(rep.Scaling) > 0 {
+		p("\n| bucket scaling | mode | script µs, 10 buckets | script µs, 3,600 buckets | ratio |\n|---|---|--:|--:|--:|\n")
+	}
 	for _, s := range rep.Scaling {
 		p("| %s | %s | %.2f | %.2f | %.2f |\n", s.Algorithm, s.Mode, s.US10, s.US3600, s.Ratio)
 	}
-	p("\n| deny cache vs uncached (fake clock, 100/s, a request every 100µs) | decisions | allowed | same Allowed | same Result | round trips/dec |\n|---|--:|--:|--:|--:|--:|\n")
+	if len(rep.DenyCache) > 0 {
+		p("\n| deny cache vs uncached (fake clock, 100/s, a request every 100µs) | decisions | allowed | same Allowed | same Result | round trips/dec |\n|---|--:|--:|--:|--:|--:|\n")
+	}
 	for _, d := range rep.DenyCache {
 		p("| %s | %d | %d | %d | %d | %.4f |\n", d.Algorithm, d.Decisions, d.Allowed, d.SameAllowed, d.SameResult, d.CallsPerDecision)
 	}
-	b.WriteString(adversarialMarkdown(rep.Adversarial))
+	if len(rep.Adversarial) > 0 {
+		b.WriteString(adversarialMarkdown(rep.Adversarial))
+	}
 	b.WriteString(floorsMarkdown(rep.Floors))
-	p("\n| target | subject | measured | want | result | note |\n|---|---|--:|---|---|---|\n")
+	if len(rep.Targets) > 0 {
+		p("\n| target | subject | measured | want | result | note |\n|---|---|--:|---|---|---|\n")
+	}
 	for _, t := range rep.Targets {
 		res := "PASS"
 		if !t.Pass {

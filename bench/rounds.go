@@ -59,6 +59,9 @@ func (e *environment) buildRows() ([]*row, error) {
 	var rows []*row
 	for _, w := range workloads {
 		for i, en := range w.entries {
+			if e.f.rows != nil && !e.f.rows.MatchString(w.name+" "+en.c.name) {
+				continue
+			}
 			decide, err := en.c.build(w.client, en.lim)
 			if err != nil {
 				if en.c.kind == "peer" {
