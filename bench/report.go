@@ -327,12 +327,16 @@ func (rep report) markdown() string {
 	p("| workload | row | p50 µs | p99 µs | decisions/s (64 g) | × return 1 | allowed | cmds/dec | round trips/dec | script µs/dec | × return 1 script | allocs/op | B/op | errors |\n")
 	p("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range rep.Rows {
-		script := "–"
+		// "–" where the run had no return 1 row to divide by (-rows).
+		vs, script := "–", "–"
+		if r.VsReturnOne > 0 {
+			vs = fmt.Sprintf("%.2f", r.VsReturnOne)
+		}
 		if r.ScriptVsReturnOne > 0 {
 			script = fmt.Sprintf("%.2f", r.ScriptVsReturnOne)
 		}
-		p("| %s | %s | %.1f | %.1f | %.0f | %.2f | %.1f%% | %.2f | %.3f | %.2f | %s | %.1f | %.0f | %d |\n",
-			r.Workload, r.Name, r.P50US, r.P99US, r.DecisionsPerSec, r.VsReturnOne, 100*r.AllowedFraction,
+		p("| %s | %s | %.1f | %.1f | %.0f | %s | %.1f%% | %.2f | %.3f | %.2f | %s | %.1f | %.0f | %d |\n",
+			r.Workload, r.Name, r.P50US, r.P99US, r.DecisionsPerSec, vs, 100*r.AllowedFraction,
 			r.CommandsPerDecision, r.RoundTripsPerDecision, r.ScriptUSPerDecision, script, r.AllocsPerOp, r.BytesPerOp, r.Errors)
 	}
 	if len(rep.Memory) > 0 {
