@@ -214,10 +214,7 @@ func hiddenNode(node string) (name string, hidden bool) {
 	case strings.EqualFold(name, "unknown"):
 		return "unknown", true
 	case strings.HasPrefix(name, "_"):
-		// A copy: a slice would keep the whole header line (up to the
-		// server's header limit, padded by the client) alive as long as
-		// anything holds the key.
-		return strings.Clone(name), true
+		return name, true
 	}
 	return "", false
 }
