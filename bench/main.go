@@ -155,8 +155,8 @@ func run(f flags) error {
 		return err
 	}
 	rep.Rows = summarize(rows)
+	rep.Floors = floors(rep.Rows)
 	if f.rows != nil {
-		rep.Floors = floors(rep.Rows)
 		return rep.write(f)
 	}
 
@@ -175,7 +175,6 @@ func run(f flags) error {
 	if rep.Adversarial, err = env.adversarial(); err != nil {
 		return fmt.Errorf("adversarial: %w", err)
 	}
-	rep.Floors = floors(rep.Rows)
 	rep.Targets = targets(rep)
 	return rep.write(f)
 }
