@@ -34,6 +34,19 @@ func slidingLogMaker(precision time.Duration, s ...Strategy) slidingMaker {
 	}
 }
 
+// onePrefix returns limiters made by a and b that share keys under one
+// prefix (named by name and the backend), on one fake clock.
+func onePrefix(t *testing.T, be backend, name string, a, b slidingMaker) (Limiter, Limiter, *fakeClock) {
+	t.Helper()
+	clock := newClock()
+	prefix := WithPrefix(name + ":" + be.name + ":")
+	la, err := a(be.rdb, prefix, WithClock(clock.Now))
+	require.NoError(t, err)
+	lb, err := b(be.rdb, prefix, WithClock(clock.Now))
+	require.NoError(t, err)
+	return la, lb, clock
+}
+
 // A call that grants nothing never wipes another configuration's count:
 // a = 5 per 1m, b = 20 per 10s (1s buckets), one prefix.
 func TestSlidingFindingZeroCallKeepsOtherCounts(t *testing.T) {
@@ -83,12 +96,7 @@ func TestSlidingPlanUpgradeKeepsCount(t *testing.T) {
 	for _, c := range cases {
 		forEachBackend(t, func(t *testing.T, be backend) {
 			ctx := context.Background()
-			clock := newClock()
-			prefix := WithPrefix("upgrade:" + c.name + ":" + be.name + ":")
-			free, err := c.free(be.rdb, prefix, WithClock(clock.Now))
-			require.NoError(t, err)
-			paid, err := c.paid(be.rdb, prefix, WithClock(clock.Now))
-			require.NoError(t, err)
+			free, paid, clock := onePrefix(t, be, "upgrade:"+c.name, c.free, c.paid)
 			for i := range 5 {
 				r, err := free.AllowN(ctx, "tenant", 1)
 				require.NoError(t, err)
@@ -107,6 +115,63 @@ func TestSlidingPlanUpgradeKeepsCount(t *testing.T) {
 			r, err := free.AllowN(ctx, "tenant", 1)
 			require.NoError(t, err)
 			require.False(t, r.Allowed, "%s: back on the free plan, the 20 used deny: %+v", c.name, r)
+		})
+	}
+}
+
+// Only a configuration that differs from the caller in nothing but its
+// limits shares a window's count under the caller's own limit (DESIGN
+// property 8). One that differs in a window or precision too binds the
+// caller with every one of its strategies while its last grant is in its
+// window, including a strategy over the same buckets as one of the
+// caller's. Otherwise the pair can grant more than either alone (found
+// with REDLIMIT_SHAREDKEY_SEED=157 and 181 in TestSharedKeySlidingAnyPair).
+func TestSlidingSameWindowOfAnotherShapeBinds(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		first  slidingMaker
+		grants []int // the first configuration's grants, in buckets 0, 1, ...
+		second slidingMaker
+		bound  string
+	}{
+		{
+			// 4 per 7s grants 4, then {1 per 4s, 11 per 7s} in bucket 4: a
+			// fifth grant in 7s, where the first alone grants 4 and the
+			// second 2.
+			"longer", slidingLogMaker(time.Second, Strategy{4, 7 * time.Second}), []int{4},
+			slidingLogMaker(time.Second, Strategy{1, 4 * time.Second}, Strategy{11, 7 * time.Second}),
+			"the first's 4 per 7s",
+		},
+		{
+			// {5 per 3s, 12 per 10s} grants 4 and 1, then {2 per 1s, 11 per
+			// 3s} in bucket 1: a sixth grant within 1s, where the first alone
+			// grants 5 and the second 4.
+			"shorter", slidingLogMaker(time.Second, Strategy{5, 3 * time.Second}, Strategy{12, 10 * time.Second}), []int{4, 1},
+			slidingLogMaker(time.Second, Strategy{2, time.Second}, Strategy{11, 3 * time.Second}),
+			"the first's 5 per 3s",
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, be backend) {
+				ctx := context.Background()
+				first, second, clock := onePrefix(t, be, "shape:"+c.name, c.first, c.second)
+				for bucket, n := range c.grants {
+					clock.now = epoch.Add(time.Duration(bucket)*time.Second + 500*ms)
+					r, err := first.AllowN(ctx, "k", n)
+					require.NoError(t, err)
+					require.True(t, r.Allowed, "the first's grant of %d in bucket %d: %+v", n, bucket, r)
+				}
+				if c.name == "longer" {
+					clock.now = epoch.Add(4500 * ms)
+				} else {
+					clock.now = epoch.Add(1600 * ms)
+				}
+				r, err := second.AllowN(ctx, "k", 1)
+				require.NoError(t, err)
+				require.False(t, r.Allowed, "%s binds the second while its grants are in its window: %+v", c.bound, r)
+			})
 		})
 	}
 }

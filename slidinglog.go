@@ -21,9 +21,11 @@ import (
 // ResetAfter is the longest over all strategies. A request for more permits
 // than the smallest limit is denied with RetryAfter == Never. Strategies of
 // other sliding logs sharing the key (WithPrefix) bind too, as for
-// SlidingWindow, and count in Remaining; a denial whose longest RetryAfter
-// is theirs reports this log's strategy with the fewest permits left, with
-// that RetryAfter.
+// SlidingWindow, and count in Remaining, but for those of a log that
+// differs from this one only in its limits (the same precision and
+// windows), whose limits this one's replace. A denial whose longest
+// RetryAfter is theirs reports this log's strategy with the fewest permits
+// left, with that RetryAfter.
 type SlidingLog struct {
 	limiter
 }

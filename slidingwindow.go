@@ -23,7 +23,7 @@ var slidingScript = loadScript("sliding.lua")
 //
 // Sliding windows of other configurations that share a key (WithPrefix)
 // are checked too, until their last grant has left their window, but for
-// one over the same buckets as this one, whose limit this one's replaces:
+// one of the same window and precision, whose limit this one's replaces:
 // a plan change keeps what was used (docs/keys.md).
 // A sliding log's state at the key is foreign (ErrForeignState).
 type SlidingWindow struct {

@@ -172,15 +172,17 @@ end
 -- n_others of every other configuration whose last grant is still in its
 -- longest window (until > now), listed in others, four entries each: L,
 -- S, p (at most L permits in S buckets of p µs) and until. While
--- configurations alternate, every grant satisfies all of them. One over
--- the same buckets as one of the caller's is left out: the caller's own
--- limit governs that window, so configurations that differ only in a limit
--- share its count and each applies its own (a plan upgrade keeps what was
--- used). Until the first lapses, the strategies that bind stay (stable).
+-- configurations alternate, every grant satisfies all of them. A
+-- configuration that differs from the caller only in its limits (the same
+-- precision and windows: the same shape) is left out: the caller's own
+-- limits govern those windows, so the two share the counts and each
+-- applies its own (a plan upgrade keeps what was used). Until the first
+-- lapses, the strategies that bind stay (stable).
 local own, others, n_others = (last - 4) / 2, nil, 0
 local stable, sig, own_start = math.huge, nil, nil
 if entries then
   sig, others = table.concat(ARGV, ' ', 4, last), {}
+  local shape = string.gsub(sig, ' %d+ (%d+)', ' %1')
   for j = 1, #entries, 2 do
     local text, start = entries[j], entries[j + 1] - ENTRY0
     local p, limits = match(text, '^(%d+)(.*)$')
@@ -188,20 +190,12 @@ if entries then
     local till = leaves(math.floor(start / G), G, match(limits, '(%d+)$') + 0, p, O)
     if text == sig then
       own_start = start
-    elseif till > now then
+    elseif till > now and string.gsub(text, ' %d+ (%d+)', ' %1') ~= shape then
       if till - now < stable then stable = till - now end
       for L, S in string.gmatch(limits, ' (%d+) (%d+)') do
-        local same = false
-        if p == P then
-          for i = 6, last, 2 do
-            if ARGV[i] == S then same = true end
-          end
-        end
-        if not same then
-          local k = 4 * n_others
-          others[k + 1], others[k + 2], others[k + 3], others[k + 4] = L + 0, S + 0, p, till
-          n_others = n_others + 1
-        end
+        local k = 4 * n_others
+        others[k + 1], others[k + 2], others[k + 3], others[k + 4] = L + 0, S + 0, p, till
+        n_others = n_others + 1
       end
     end
   end
