@@ -622,7 +622,8 @@ func TestSlidingTwinKeys(t *testing.T) {
 				b, err := limiters[c].AllowN(ctx, "b", n)
 				require.NoError(t, err)
 				require.Equal(t, a, b, "trace %d step %d: %s n=%d (configurations %v)", tr, i, names[c], n, names)
-				twinExtraCalls(t, rng, limiters, smallest)
+				a, b, differ := twinExtraCalls(t, rng, limiters, smallest)
+				require.False(t, differ, "trace %d step %d: a grant on b made on a too: on a %+v, on b %+v (configurations %v)", tr, i, a, b, names)
 			}
 		}
 	})
