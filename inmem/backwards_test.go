@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"testing"
 	"time"
 
@@ -63,34 +62,14 @@ func TestClockBackAfterLook(t *testing.T) {
 	}
 }
 
-// oracle steps a reference model as the scripts keep their state: a call
-// decides on the model's state, and changes it as the script's writes do.
-// The sliding models keep their state as the sliding scripts do: a call
-// that finds the clock gone back moves the key's own time (best effort in
-// the scripts), and nothing else changes without a grant. The buckets and the fixed window write only a
-// grant, or a clamp when the clock went back: a call that finds the key
-// back in its initial state without granting leaves it as it was, should
-// the clock go back into the time it was in use ("n == 0 changes
-// nothing"). The model would instead take that call's time as the state's.
-func oracle(m model.Model, sliding bool, nowUS, n int64) model.Result {
-	if sliding {
-		return m.Step(nowUS, n)
-	}
-	r := m.Clone().Step(nowUS, n)
-	if (r.Allowed && n > 0) || r.ResetAfterUS != 0 {
-		return m.Step(nowUS, n)
-	}
-	return r
-}
-
 // TestDifferentialClockBackwards is TestDifferential with a clock that
 // also jumps back: every in-process limiter gives the Result of its
-// reference model, stepped as the scripts keep state (oracle), to the
-// microsecond. What the models define then: a window ends no later than
-// its length from now; a sliding key's time stands still at its last
+// reference model, stepped as the scripts keep state (model.StepStored),
+// to the microsecond. What the models define then: a window ends no later
+// than its length from now; a sliding key's time stands still at its last
 // grant's bucket until the clock catches up, so a shorter window of a
-// sliding log takes back the buckets it had let go; a bucket's
-// level rises as the clock goes back, up to full.
+// sliding log takes back the buckets it had let go; a bucket's level rises
+// as the clock goes back, up to full.
 func TestDifferentialClockBackwards(t *testing.T) {
 	ctx := context.Background()
 	seeds := 40
@@ -107,7 +86,6 @@ func TestDifferentialClockBackwards(t *testing.T) {
 				l, err := dc.make(WithClock(clock.Now))
 				require.NoError(t, err)
 				dc.model.Reset()
-				sliding := strings.HasPrefix(dc.name, "sliding")
 				for i := range 2000 {
 					step := timeStep(rng, dc.scale)
 					if rng.IntN(6) == 0 {
@@ -117,7 +95,7 @@ func TestDifferentialClockBackwards(t *testing.T) {
 					n := backwardsN(rng)
 					got, err := l.AllowN(ctx, "k", n)
 					require.NoError(t, err)
-					m := oracle(dc.model, sliding, clock.now.UnixMicro(), int64(n))
+					m := model.StepStored(dc.model, clock.now.UnixMicro(), int64(n))
 					require.Equal(t, modelResult(m), got, "step %d (%v), n=%d", i, step, n)
 				}
 			})

@@ -59,6 +59,26 @@ type Model interface {
 	Clone() Model
 }
 
+// StepStored steps m as the scripts and the in-process limiters keep their
+// state, which Step alone does not for the fixed window and the buckets.
+// They write only a grant, or a clamp when the clock went back, so a call
+// that finds the key back in its initial state without granting leaves it
+// as it was: should the clock go back into the time it was in use, what it
+// held counts again ("n == 0 changes nothing", DESIGN property 10). Step
+// takes that call's time as the state's instead. The sliding models keep
+// their state as the sliding scripts do, so for them StepStored is Step.
+func StepStored(m Model, nowUS, n int64) Result {
+	switch m.(type) {
+	case *SlidingWindow, *SlidingLog:
+		return m.Step(nowUS, n)
+	}
+	r := m.Clone().Step(nowUS, n)
+	if (r.Allowed && n > 0) || r.ResetAfterUS != 0 {
+		return m.Step(nowUS, n)
+	}
+	return r
+}
+
 var (
 	_ Model = (*FixedWindow)(nil)
 	_ Model = (*SlidingWindow)(nil)

@@ -597,6 +597,38 @@ func TestClockBackwardsGivesNoExtraPermits(t *testing.T) {
 	}
 }
 
+// A call that grants nothing on a key back in its initial state leaves it
+// as it was under StepStored, as the scripts do: when the clock then goes
+// back into the time the key was in use, its grants count again. Step
+// alone forgets them for the fixed window (the bucket models keep a level,
+// and Step moves the bucket's time to that call's).
+func TestStepStoredKeepsStateAfterLook(t *testing.T) {
+	models := map[string]func() Model{
+		"FixedWindow":   func() Model { return NewFixedWindow(3, 1000) },
+		"SlidingWindow": func() Model { return NewSlidingWindow(3, 1000, 100) },
+		"SlidingLog":    func() Model { return NewSlidingLog(100, []int64{3, 6}, []int64{1000, 2000}) },
+		"LeakyBucket":   func() Model { return NewLeakyBucket(3, 3, 3000) },
+		"TokenBucket":   func() Model { return NewTokenBucket(3, 3, 3000) },
+	}
+	for name, make := range models {
+		t.Run(name, func(t *testing.T) {
+			m := make()
+			require.True(t, StepStored(m, 10000, 3).Allowed)
+			for _, n := range []int64{0, 4} { // a look, and a request above every limit
+				r := StepStored(m, 13000, n)
+				require.Equal(t, int64(3), r.Remaining, "n=%d: 3000µs on, the key is back to its initial state: %+v", n, r)
+				require.Zero(t, r.ResetAfterUS, "n=%d: %+v", n, r)
+			}
+			r := StepStored(m, 10500, 1)
+			require.False(t, r.Allowed, "back at 500µs after the grants, they count: %+v", r)
+		})
+	}
+	fw := NewFixedWindow(3, 1000)
+	fw.Step(10000, 3)
+	fw.Step(13000, 0)
+	require.True(t, fw.Step(10500, 1).Allowed, "Step alone forgets the ended window")
+}
+
 func TestReset(t *testing.T) {
 	models := []Model{
 		NewFixedWindow(2, 1000),
