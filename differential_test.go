@@ -110,11 +110,12 @@ func timeStep(rng *rand.Rand, scale time.Duration) time.Duration {
 func TestDifferential(t *testing.T) {
 	t.Parallel()
 	configs, steps := shortOr(1, 4), shortOr(300, 1500)
+	offset := seedOffset(t)
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		b.keepKeys()
 		for c := range configs {
-			seed := uint64(1000 + c)
+			seed := uint64(1000+c) + offset
 			rng := rand.New(rand.NewPCG(seed, 0))
 			for _, dc := range randomDiffCases(rng) {
 				t.Run(fmt.Sprintf("seed%d/%s", seed, dc.name), func(t *testing.T) {

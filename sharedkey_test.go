@@ -18,8 +18,11 @@ import (
 	"github.com/redlimit/redlimit/internal/model"
 )
 
-// sharedKeySeedEnv repeats a run: the seed is printed with every failure.
-const sharedKeySeedEnv = "REDLIMIT_SHAREDKEY_SEED"
+// seedEnv makes the tests that draw random traces draw other ones: the
+// shared-key pair tests take its value as their seed (CI's is 1), the
+// others add it to theirs (CI's traces: 0). Each prints it when set, so
+// that a failure says how to repeat it. CONTRIBUTING.md shows a search.
+const seedEnv = "REDLIMIT_SEED"
 
 const (
 	sharedKeyPairs = 20 // configuration pairs per algorithm
@@ -472,13 +475,35 @@ func describeInterval(decisions []sharedDecision, v *sharedViolation) string {
 	return strings.Join(lines, "\n")
 }
 
+// sharedKeySeed is the shared-key pair tests' seed: REDLIMIT_SEED, or 1
+// (the same pairs in every CI run). The tests print it.
 func sharedKeySeed(t *testing.T) uint64 {
-	raw := os.Getenv(sharedKeySeedEnv)
+	if seed := seedFromEnv(t); seed != 0 {
+		return seed
+	}
+	return 1
+}
+
+// seedOffset is what a random-trace test adds to its seeds: REDLIMIT_SEED,
+// 0 when unset. It logs a value that is set.
+func seedOffset(t *testing.T) uint64 {
+	t.Helper()
+	seed := seedFromEnv(t)
+	if seed != 0 {
+		t.Logf("%s=%d: other traces than CI's", seedEnv, seed)
+	}
+	return seed
+}
+
+// seedFromEnv is REDLIMIT_SEED, 0 when unset.
+func seedFromEnv(t *testing.T) uint64 {
+	t.Helper()
+	raw := os.Getenv(seedEnv)
 	if raw == "" {
-		return 1 // the same pairs in every CI run; set the variable to explore
+		return 0
 	}
 	seed, err := strconv.ParseUint(raw, 10, 64)
-	require.NoError(t, err, "%s=%q: want an unsigned integer", sharedKeySeedEnv, raw)
+	require.NoError(t, err, "%s=%q: want an unsigned integer", seedEnv, raw)
 	return seed
 }
 
@@ -509,7 +534,7 @@ func TestSharedKeyNeverExceedsLooser(t *testing.T) {
 	skipShort(t, "random configuration pairs, thousands of calls a backend")
 	t.Parallel()
 	seed := sharedKeySeed(t)
-	t.Logf("seed %d (%s=%d repeats this run)", seed, sharedKeySeedEnv, seed)
+	t.Logf("seed %d (%s=%d repeats this run)", seed, seedEnv, seed)
 	for ai, alg := range sharedAlgorithms {
 		t.Run(alg.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
@@ -570,7 +595,7 @@ func runSharedPair(t *testing.T, b backend, seed uint64, algName string, pair in
 					"A = %s (looser)\nB = %s\n"+
 					"interval [+%v, +%v) of %v granted %d permits (A %d, B %d), more than %s grants in any interval of %v: %d (A alone %d, B alone %d)\n"+
 					"decisions in the interval:\n%s",
-					algName, b.name, seed, sharedKeySeedEnv, seed, pair, tr.name, len(steps), start.Format(time.RFC3339Nano),
+					algName, b.name, seed, seedEnv, seed, pair, tr.name, len(steps), start.Format(time.RFC3339Nano),
 					cfgA.desc, cfgB.desc,
 					time.Duration(v.fromUS)*time.Microsecond, time.Duration(v.fromUS)*time.Microsecond+v.T, v.T,
 					v.granted, v.byWho[0], v.byWho[1], tr.what, v.T, v.bound, cfgA.most(v.T.Microseconds()), cfgB.most(v.T.Microseconds()),

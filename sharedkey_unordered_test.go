@@ -153,6 +153,7 @@ func TestSharedKeyUnorderedPairs(t *testing.T) {
 		pairs = 8
 		steps = 400
 	)
+	offset := seedOffset(t)
 	for _, alg := range []string{"fixed_window", "sliding_window", "sliding_log", "leaky_bucket", "token_bucket"} {
 		t.Run(alg, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
@@ -162,7 +163,7 @@ func TestSharedKeyUnorderedPairs(t *testing.T) {
 					pairs = 3 // gopher-lua is slow; the real server takes all
 				}
 				for p := range pairs {
-					seed := uint64(p)
+					seed := uint64(p) + offset
 					rng := rand.New(rand.NewPCG(seed, uint64(len(alg))))
 					cfgs := [2]pairConfig{randomPairConfig(alg, rng), randomPairConfig(alg, rng)}
 					var periods []time.Duration
@@ -243,7 +244,7 @@ func TestSharedKeySlidingAnyPair(t *testing.T) {
 	skipShort(t, "random configuration pairs against the greedy bound")
 	t.Parallel()
 	seed := sharedKeySeed(t)
-	t.Logf("seed %d (%s=%d repeats this run)", seed, sharedKeySeedEnv, seed)
+	t.Logf("seed %d (%s=%d repeats this run)", seed, seedEnv, seed)
 	draw := func(rng *rand.Rand) (string, sharedConfig) {
 		precision := time.Duration(500+500*rng.IntN(6)) * time.Millisecond
 		if rng.IntN(2) == 0 {

@@ -91,13 +91,14 @@ func twinConfig(alg string, rng *rand.Rand) (func(rdb redis.Scripter, opts ...Op
 // later answer on the two is the same (DESIGN property 10).
 func TestTwinKeysAnswerAlike(t *testing.T) {
 	t.Parallel()
+	offset := seedOffset(t)
 	for ai, alg := range []string{"fixed_window", "leaky_bucket", "token_bucket"} {
 		t.Run(alg, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
 				ctx := context.Background()
 				b.keepKeys()
 				for trace := range 4 {
-					rng := rand.New(rand.NewPCG(uint64(trace), uint64(ai)))
+					rng := rand.New(rand.NewPCG(uint64(trace)+offset, uint64(ai)))
 					clock := newClock()
 					prefix := fmt.Sprintf("twin:%s:%d:", alg, trace)
 					var limiters []Limiter
@@ -151,6 +152,7 @@ func TestTwinKeysAnswerAlike(t *testing.T) {
 // the key.
 func TestClockBackTracesMatchModel(t *testing.T) {
 	t.Parallel()
+	offset := seedOffset(t)
 	type step struct {
 		atUS int64
 		n    int64
@@ -159,7 +161,7 @@ func TestClockBackTracesMatchModel(t *testing.T) {
 		ctx := context.Background()
 		b.keepKeys()
 		for c := range 3 {
-			seed := uint64(7000 + c)
+			seed := uint64(7000+c) + offset
 			rng := rand.New(rand.NewPCG(seed, 0))
 			for _, dc := range randomDiffCases(rng) {
 				if dc.name[0] == 's' { // the sliding scripts are not this file's
@@ -282,6 +284,7 @@ func TestClockBackAfterLook(t *testing.T) {
 // call, would make b the stricter.
 func TestTwinKeysClockBack(t *testing.T) {
 	t.Parallel()
+	offset := seedOffset(t)
 	algorithms := []string{"sliding_window", "sliding_log", "fixed_window", "leaky_bucket", "token_bucket"}
 	traces := 100
 	if testing.Short() {
@@ -293,7 +296,7 @@ func TestTwinKeysClockBack(t *testing.T) {
 		differed := 0
 		for tr := range traces {
 			alg := algorithms[tr%len(algorithms)]
-			rng := rand.New(rand.NewPCG(uint64(tr), 23))
+			rng := rand.New(rand.NewPCG(uint64(tr)+offset, 23))
 			clock := newClock()
 			prefix := fmt.Sprintf("twinback:%d:", tr)
 			var names []string

@@ -125,7 +125,7 @@ func TestSlidingPlanUpgradeKeepsCount(t *testing.T) {
 // caller with every one of its strategies while its last grant is in its
 // window, including a strategy over the same buckets as one of the
 // caller's. Otherwise the pair can grant more than either alone (found
-// with REDLIMIT_SHAREDKEY_SEED=157 and 181 in TestSharedKeySlidingAnyPair).
+// with REDLIMIT_SEED=157 and 181 in TestSharedKeySlidingAnyPair).
 func TestSlidingSameWindowOfAnotherShapeBinds(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -591,6 +591,7 @@ func randomSlidingConfig(rng *rand.Rand, window bool) (string, slidingMaker, int
 // but a grant writes).
 func TestSlidingTwinKeys(t *testing.T) {
 	t.Parallel()
+	offset := seedOffset(t)
 	traces, steps := 40, 200
 	if testing.Short() {
 		traces, steps = 8, 150
@@ -599,7 +600,7 @@ func TestSlidingTwinKeys(t *testing.T) {
 		ctx := context.Background()
 		be.keepKeys()
 		for tr := range traces {
-			rng := rand.New(rand.NewPCG(uint64(tr), 19))
+			rng := rand.New(rand.NewPCG(uint64(tr)+offset, 19))
 			clock := newClock()
 			prefix := fmt.Sprintf("twin:%d:", tr)
 			var names []string
@@ -661,6 +662,7 @@ func alignedBound(P int64, strategies []Strategy, from, to int64) int64 {
 // grants one: 9 in 12ms).
 func TestSlidingLooserBound(t *testing.T) {
 	t.Parallel()
+	offset := seedOffset(t)
 	traces := 300
 	if testing.Short() {
 		traces = 30
@@ -688,7 +690,7 @@ func TestSlidingLooserBound(t *testing.T) {
 		over := 0
 		defer func() { t.Logf("%d traces: %d intervals over the looser bound", n, over) }()
 		for tr := range n {
-			rng := rand.New(rand.NewPCG(uint64(tr), 8))
+			rng := rand.New(rand.NewPCG(uint64(tr)+offset, 8))
 			clock := newClock()
 			var cfgs [2]cfg
 			for i := range cfgs {
@@ -750,6 +752,7 @@ func TestSlidingLooserBound(t *testing.T) {
 // The test's keys outlive their TTLs, as a fake clock's do.
 func TestSlidingClockBackAgainstModel(t *testing.T) {
 	t.Parallel()
+	offset := seedOffset(t)
 	traces, steps := 30, 400
 	if testing.Short() {
 		traces, steps = 6, 300
@@ -758,7 +761,7 @@ func TestSlidingClockBackAgainstModel(t *testing.T) {
 		ctx := context.Background()
 		be.keepKeys()
 		for tr := range traces {
-			rng := rand.New(rand.NewPCG(uint64(tr), 4))
+			rng := rand.New(rand.NewPCG(uint64(tr)+offset, 4))
 			precision := time.Duration(1+rng.IntN(5)) * ms
 			s := randomStrategies(rng, precision, 30*precision)
 			var limits, windows []int64
@@ -795,6 +798,7 @@ func TestSlidingClockBackAgainstModel(t *testing.T) {
 // (the deny cache holds a denial only while no count changes).
 func TestSlidingDenyCacheFieldForField(t *testing.T) {
 	t.Parallel()
+	offset := seedOffset(t)
 	traces, steps := 60, 400
 	if testing.Short() {
 		traces, steps = 10, 300
@@ -804,7 +808,7 @@ func TestSlidingDenyCacheFieldForField(t *testing.T) {
 		be.keepKeys()
 		local := 0
 		for tr := range traces {
-			rng := rand.New(rand.NewPCG(uint64(tr), 20))
+			rng := rand.New(rand.NewPCG(uint64(tr)+offset, 20))
 			precision := time.Duration(1+rng.IntN(3)) * ms
 			var s []Strategy
 			for len(s) < 3 {
