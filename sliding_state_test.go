@@ -131,25 +131,27 @@ func TestSlidingSameWindowOfAnotherShapeBinds(t *testing.T) {
 	cases := []struct {
 		name   string
 		first  slidingMaker
-		grants []int // the first configuration's grants, in buckets 0, 1, ...
+		grants []int // the first configuration's grants, at 0.5s, 1.5s, ...
 		second slidingMaker
+		at     time.Duration // when the second asks for 1
 		bound  string
 	}{
 		{
-			// 4 per 7s grants 4, then {1 per 4s, 11 per 7s} in bucket 4: a
-			// fifth grant in 7s, where the first alone grants 4 and the
-			// second 2.
+			// 4 per 7s grants 4 at 0.5s, then {1 per 4s, 11 per 7s} at 4.5s
+			// would be a fifth grant within 4s, where the first alone grants
+			// 4 and the second 2.
 			"longer", slidingLogMaker(time.Second, Strategy{4, 7 * time.Second}), []int{4},
 			slidingLogMaker(time.Second, Strategy{1, 4 * time.Second}, Strategy{11, 7 * time.Second}),
-			"the first's 4 per 7s",
+			4500 * ms, "the first's 4 per 7s",
 		},
 		{
-			// {5 per 3s, 12 per 10s} grants 4 and 1, then {2 per 1s, 11 per
-			// 3s} in bucket 1: a sixth grant within 1s, where the first alone
-			// grants 5 and the second 4.
+			// {5 per 3s, 12 per 10s} grants 4 at 0.5s and 1 at 1.5s, then
+			// {2 per 1s, 11 per 3s} at 1.6s would be a sixth grant within
+			// 1.1s, where the first alone grants 5 and the second 4 (2 in
+			// each of the two buckets).
 			"shorter", slidingLogMaker(time.Second, Strategy{5, 3 * time.Second}, Strategy{12, 10 * time.Second}), []int{4, 1},
 			slidingLogMaker(time.Second, Strategy{2, time.Second}, Strategy{11, 3 * time.Second}),
-			"the first's 5 per 3s",
+			1600 * ms, "the first's 5 per 3s",
 		},
 	}
 	for _, c := range cases {
@@ -163,11 +165,7 @@ func TestSlidingSameWindowOfAnotherShapeBinds(t *testing.T) {
 					require.NoError(t, err)
 					require.True(t, r.Allowed, "the first's grant of %d in bucket %d: %+v", n, bucket, r)
 				}
-				if c.name == "longer" {
-					clock.now = epoch.Add(4500 * ms)
-				} else {
-					clock.now = epoch.Add(1600 * ms)
-				}
+				clock.now = epoch.Add(c.at)
 				r, err := second.AllowN(ctx, "k", 1)
 				require.NoError(t, err)
 				require.False(t, r.Allowed, "%s binds the second while its grants are in its window: %+v", c.bound, r)
