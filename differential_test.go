@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/model"
+	"github.com/redlimit/redlimit/internal/testseed"
 )
 
 // diffCase pairs a limiter with the reference model of the same
@@ -110,7 +111,7 @@ func timeStep(rng *rand.Rand, scale time.Duration) time.Duration {
 func TestDifferential(t *testing.T) {
 	t.Parallel()
 	configs, steps := shortOr(1, 4), shortOr(300, 1500)
-	offset := seedOffset(t)
+	offset := testseed.Offset(t)
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		b.keepKeys()

@@ -5,9 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,13 +14,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/model"
+	"github.com/redlimit/redlimit/internal/testseed"
 )
 
 // seedEnv makes the tests that draw random traces draw other ones: the
 // shared-key pair tests take its value as their seed (CI's is 1), the
-// others add it to theirs (CI's traces: 0). Each prints it when set, so
-// that a failure says how to repeat it. CONTRIBUTING.md shows a search.
-const seedEnv = "REDLIMIT_SEED"
+// others add it to theirs (CI's traces: 0, testseed.Offset). Each prints
+// it when set, so that a failure says how to repeat it. CONTRIBUTING.md
+// shows a search.
+const seedEnv = testseed.Env
 
 const (
 	sharedKeyPairs = 20 // configuration pairs per algorithm
@@ -478,33 +478,10 @@ func describeInterval(decisions []sharedDecision, v *sharedViolation) string {
 // sharedKeySeed is the shared-key pair tests' seed: REDLIMIT_SEED, or 1
 // (the same pairs in every CI run). The tests print it.
 func sharedKeySeed(t *testing.T) uint64 {
-	if seed := seedFromEnv(t); seed != 0 {
+	if seed := testseed.FromEnv(t); seed != 0 {
 		return seed
 	}
 	return 1
-}
-
-// seedOffset is what a random-trace test adds to its seeds: REDLIMIT_SEED,
-// 0 when unset. It logs a value that is set.
-func seedOffset(t *testing.T) uint64 {
-	t.Helper()
-	seed := seedFromEnv(t)
-	if seed != 0 {
-		t.Logf("%s=%d: other traces than CI's", seedEnv, seed)
-	}
-	return seed
-}
-
-// seedFromEnv is REDLIMIT_SEED, 0 when unset.
-func seedFromEnv(t *testing.T) uint64 {
-	t.Helper()
-	raw := os.Getenv(seedEnv)
-	if raw == "" {
-		return 0
-	}
-	seed, err := strconv.ParseUint(raw, 10, 64)
-	require.NoError(t, err, "%s=%q: want an unsigned integer", seedEnv, raw)
-	return seed
 }
 
 // TestSharedKeyNeverExceedsLooser checks property 8: limiters of one

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redlimit/redlimit/internal/model"
+	"github.com/redlimit/redlimit/internal/testseed"
 	"github.com/stretchr/testify/require"
 )
 
@@ -153,7 +154,7 @@ func TestSharedKeyUnorderedPairs(t *testing.T) {
 		pairs = 8
 		steps = 400
 	)
-	offset := seedOffset(t)
+	offset := testseed.Offset(t)
 	for _, alg := range []string{"fixed_window", "sliding_window", "sliding_log", "leaky_bucket", "token_bucket"} {
 		t.Run(alg, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {

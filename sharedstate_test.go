@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/model"
+	"github.com/redlimit/redlimit/internal/testseed"
 )
 
 // The state of the fixed window and the buckets, read by every
@@ -91,7 +92,7 @@ func twinConfig(alg string, rng *rand.Rand) (func(rdb redis.Scripter, opts ...Op
 // later answer on the two is the same (DESIGN property 10).
 func TestTwinKeysAnswerAlike(t *testing.T) {
 	t.Parallel()
-	offset := seedOffset(t)
+	offset := testseed.Offset(t)
 	for ai, alg := range []string{"fixed_window", "leaky_bucket", "token_bucket"} {
 		t.Run(alg, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
@@ -152,7 +153,7 @@ func TestTwinKeysAnswerAlike(t *testing.T) {
 // the key.
 func TestClockBackTracesMatchModel(t *testing.T) {
 	t.Parallel()
-	offset := seedOffset(t)
+	offset := testseed.Offset(t)
 	type step struct {
 		atUS int64
 		n    int64
@@ -284,7 +285,7 @@ func TestClockBackAfterLook(t *testing.T) {
 // call, would make b the stricter.
 func TestTwinKeysClockBack(t *testing.T) {
 	t.Parallel()
-	offset := seedOffset(t)
+	offset := testseed.Offset(t)
 	algorithms := []string{"sliding_window", "sliding_log", "fixed_window", "leaky_bucket", "token_bucket"}
 	traces := 100
 	if testing.Short() {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/redlimit/redlimit/internal/model"
 	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/redlimit/redlimit/internal/testseed"
 )
 
 type slidingMaker func(rdb redis.Scripter, opts ...Option) (Limiter, error)
@@ -589,7 +590,7 @@ func randomSlidingConfig(rng *rand.Rand, window bool) (string, slidingMaker, int
 // but a grant writes).
 func TestSlidingTwinKeys(t *testing.T) {
 	t.Parallel()
-	offset := seedOffset(t)
+	offset := testseed.Offset(t)
 	traces, steps := 40, 200
 	if testing.Short() {
 		traces, steps = 8, 150
@@ -660,7 +661,7 @@ func alignedBound(P int64, strategies []Strategy, from, to int64) int64 {
 // grants one: 9 in 12ms).
 func TestSlidingLooserBound(t *testing.T) {
 	t.Parallel()
-	offset := seedOffset(t)
+	offset := testseed.Offset(t)
 	traces := 300
 	if testing.Short() {
 		traces = 30
@@ -750,7 +751,7 @@ func TestSlidingLooserBound(t *testing.T) {
 // The test's keys outlive their TTLs, as a fake clock's do.
 func TestSlidingClockBackAgainstModel(t *testing.T) {
 	t.Parallel()
-	offset := seedOffset(t)
+	offset := testseed.Offset(t)
 	traces, steps := 30, 400
 	if testing.Short() {
 		traces, steps = 6, 300
@@ -796,7 +797,7 @@ func TestSlidingClockBackAgainstModel(t *testing.T) {
 // (the deny cache holds a denial only while no count changes).
 func TestSlidingDenyCacheFieldForField(t *testing.T) {
 	t.Parallel()
-	offset := seedOffset(t)
+	offset := testseed.Offset(t)
 	traces, steps := 60, 400
 	if testing.Short() {
 		traces, steps = 10, 300

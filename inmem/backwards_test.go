@@ -13,6 +13,7 @@ import (
 
 	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/internal/model"
+	"github.com/redlimit/redlimit/internal/testseed"
 )
 
 // TestClockBackAfterLook is the finding of a fallback that granted what
@@ -76,8 +77,9 @@ func TestDifferentialClockBackwards(t *testing.T) {
 	if testing.Short() {
 		seeds = 10
 	}
+	offset := testseed.Offset(t)
 	for c := range seeds {
-		seed := uint64(5000 + c)
+		seed := uint64(5000+c) + offset
 		rng := rand.New(rand.NewPCG(seed, 0))
 		for _, dc := range randomDiffCases(rng) {
 			t.Run(fmt.Sprintf("seed%d/%s", seed, dc.name), func(t *testing.T) {
@@ -144,8 +146,9 @@ func TestClockBackwardsAgreesWithScripts(t *testing.T) {
 	if testing.Short() {
 		seeds, steps = 2, 250
 	}
+	offset := testseed.Offset(t)
 	for c := range seeds {
-		seed := uint64(7000 + c)
+		seed := uint64(7000+c) + offset
 		rng := rand.New(rand.NewPCG(seed, 0))
 		for k, dc := range randomDiffCases(rng) {
 			t.Run(fmt.Sprintf("seed%d/%s", seed, dc.name), func(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/internal/model"
+	"github.com/redlimit/redlimit/internal/testseed"
 )
 
 const (
@@ -120,8 +121,9 @@ func TestDifferential(t *testing.T) {
 		configs = 4
 	}
 	ctx := context.Background()
+	offset := testseed.Offset(t)
 	for c := range configs {
-		seed := uint64(1000 + c)
+		seed := uint64(1000+c) + offset
 		rng := rand.New(rand.NewPCG(seed, 0))
 		for _, dc := range randomDiffCases(rng) {
 			t.Run(fmt.Sprintf("seed%d/%s", seed, dc.name), func(t *testing.T) {
