@@ -17,13 +17,6 @@ import (
 	"github.com/redlimit/redlimit/internal/testseed"
 )
 
-// seedEnv makes the tests that draw random traces draw other ones: the
-// shared-key pair tests take its value as their seed (CI's is 1), the
-// others add it to theirs (CI's traces: 0, testseed.Offset). Each prints
-// it when set, so that a failure says how to repeat it. CONTRIBUTING.md
-// shows a search.
-const seedEnv = testseed.Env
-
 const (
 	sharedKeyPairs = 20 // configuration pairs per algorithm
 	// Calls per trace at most: miniredis's Lua takes most of the test's
@@ -511,7 +504,7 @@ func TestSharedKeyNeverExceedsLooser(t *testing.T) {
 	skipShort(t, "random configuration pairs, thousands of calls a backend")
 	t.Parallel()
 	seed := sharedKeySeed(t)
-	t.Logf("seed %d (%s=%d repeats this run)", seed, seedEnv, seed)
+	t.Logf("seed %d (%s=%d repeats this run)", seed, testseed.Env, seed)
 	for ai, alg := range sharedAlgorithms {
 		t.Run(alg.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
@@ -572,7 +565,7 @@ func runSharedPair(t *testing.T, b backend, seed uint64, algName string, pair in
 					"A = %s (looser)\nB = %s\n"+
 					"interval [+%v, +%v) of %v granted %d permits (A %d, B %d), more than %s grants in any interval of %v: %d (A alone %d, B alone %d)\n"+
 					"decisions in the interval:\n%s",
-					algName, b.name, seed, seedEnv, seed, pair, tr.name, len(steps), start.Format(time.RFC3339Nano),
+					algName, b.name, seed, testseed.Env, seed, pair, tr.name, len(steps), start.Format(time.RFC3339Nano),
 					cfgA.desc, cfgB.desc,
 					time.Duration(v.fromUS)*time.Microsecond, time.Duration(v.fromUS)*time.Microsecond+v.T, v.T,
 					v.granted, v.byWho[0], v.byWho[1], tr.what, v.T, v.bound, cfgA.most(v.T.Microseconds()), cfgB.most(v.T.Microseconds()),

@@ -245,7 +245,7 @@ func TestSharedKeySlidingAnyPair(t *testing.T) {
 	skipShort(t, "random configuration pairs against the greedy bound")
 	t.Parallel()
 	seed := sharedKeySeed(t)
-	t.Logf("seed %d (%s=%d repeats this run)", seed, seedEnv, seed)
+	t.Logf("seed %d (%s=%d repeats this run)", seed, testseed.Env, seed)
 	draw := func(rng *rand.Rand) (string, sharedConfig) {
 		precision := time.Duration(500+500*rng.IntN(6)) * time.Millisecond
 		if rng.IntN(2) == 0 {

@@ -1,5 +1,8 @@
 // Package testseed lets the tests that draw random traces draw other ones
-// than CI's: REDLIMIT_SEED=N (see CONTRIBUTING.md).
+// than CI's: REDLIMIT_SEED=N. The shared-key pair tests take N as their
+// seed (CI's is 1), the others add it to theirs (CI's traces: 0). Each
+// prints it when set, so that a failure says how to repeat it.
+// CONTRIBUTING.md shows a search.
 package testseed
 
 import (
