@@ -299,11 +299,12 @@ func TestSharedKeySlidingAnyPair(t *testing.T) {
 }
 
 // A sliding key in a previous released format (a hash whose field m holds
-// "W4 ..." or "L4 ...", or a sorted set whose last member is a format 6
-// meta, "w6 ..." or "l6 ...", or a format 7 note, "w~..." or "l~...") is
-// ours but no longer read: it counts as empty, and the first grant replaces
-// it with the current state. A hash of the other kind, or without that
-// field, and a sorted set with another last member, stay foreign.
+// "W4 ..." or "L4 ...", a sorted set whose last member is a format 6 meta,
+// "w6 ..." or "l6 ...", or a format 7 note, "w~..." or "l~...", or whose
+// first is a format 8 note, "w:..." or "l:...") is ours but no longer
+// read: it counts as empty, and the first grant replaces it with the
+// current state. A hash of the other kind, or without that field, and a
+// sorted set with other first and last members, stay foreign.
 func TestSlidingReplacesPreviousFormat(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -314,13 +315,17 @@ func TestSlidingReplacesPreviousFormat(t *testing.T) {
 		return NewSlidingLog(rdb, time.Second, []Strategy{{Limit: 3, Window: 2 * time.Second}, {Limit: 5, Window: 10 * time.Second}}, opts...)
 	}
 	for _, tc := range []struct {
-		name, meta, sorted string
-		make               func(rdb redis.Scripter, opts ...Option) (Limiter, error)
+		// sorted is the last member of a sorted set in that format; note,
+		// when set, its first (format 8: the note, its score the key's count).
+		name, meta, sorted, note string
+		make                     func(rdb redis.Scripter, opts ...Option) (Limiter, error)
 	}{
-		{"sliding_window", "W4 1000000 1 0 10 3 0", "w6 1000000 10000000 3 10000000 0 0", window},
-		{"sliding_log", "L4 1000000 2 0 2 3 0 0 10 5 0", "l6 1000000 10000000 3 2000000 0 0", log},
-		{"sliding_window format 7", "W4 1000000 1 0 10 3 0", "w~1800000000 0 0 9 0 9", window},
-		{"sliding_log format 7", "L4 1000000 2 0 2 3 0 0 10 5 0", "l~1800000000 0 0+250 1 0 1 9 0 9", log},
+		{"sliding_window", "W4 1000000 1 0 10 3 0", "w6 1000000 10000000 3 10000000 0 0", "", window},
+		{"sliding_log", "L4 1000000 2 0 2 3 0 0 10 5 0", "l6 1000000 10000000 3 2000000 0 0", "", log},
+		{"sliding_window format 7", "W4 1000000 1 0 10 3 0", "w~1800000000 0 0 9 0 9", "", window},
+		{"sliding_log format 7", "L4 1000000 2 0 2 3 0 0 10 5 0", "l~1800000000 0 0+250 1 0 1 9 0 9", "", log},
+		{"sliding_window format 8", "W4 1000000 1 0 10 3 0", "w8 1000000 10000000 3 10000000 3", "w:1800000000 0 0 9 0 9", window},
+		{"sliding_log format 8", "L4 1000000 2 0 2 3 0 0 10 5 0", "l8 1000000 10000000 3 2000000 3", "l:1800000000 0 0+250 1 0 1 9 0 9", log},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, be backend) {
@@ -349,8 +354,11 @@ func TestSlidingReplacesPreviousFormat(t *testing.T) {
 				require.ErrorIs(t, err, ErrForeignState)
 
 				six := "fmt4:six"
-				require.NoError(t, be.rdb.ZAdd(ctx, six, redis.Z{Score: 1800000000, Member: "3"},
-					redis.Z{Score: math.Inf(1), Member: tc.sorted}).Err())
+				first := redis.Z{Score: 1800000000, Member: "3"}
+				if tc.note != "" {
+					first = redis.Z{Score: 3, Member: tc.note}
+				}
+				require.NoError(t, be.rdb.ZAdd(ctx, six, first, redis.Z{Score: math.Inf(1), Member: tc.sorted}).Err())
 				require.NoError(t, be.rdb.PExpire(ctx, six, time.Hour).Err())
 				r, err = l.AllowN(ctx, "six", 0)
 				require.NoError(t, err, "a sorted set in a previous format is ours")
@@ -360,6 +368,7 @@ func TestSlidingReplacesPreviousFormat(t *testing.T) {
 				require.NoError(t, err)
 				require.Equal(t, 2, r.Remaining, "a grant replaces it: %+v", r)
 				require.NotContains(t, be.rdb.ZRange(ctx, six, 0, -1).Val(), tc.sorted)
+				require.NotContains(t, be.rdb.ZRange(ctx, six, 0, -1).Val(), first.Member)
 
 				require.NoError(t, be.rdb.ZAdd(ctx, "fmt4:set", redis.Z{Score: 1, Member: "a"},
 					redis.Z{Score: math.Inf(1), Member: tc.sorted + " x"}).Err())

@@ -301,41 +301,7 @@ func TestSlidingMetaRecordsDensestWriter(t *testing.T) {
 		// The meta, at +inf, sorts last, after the configurations' entries.
 		meta, err := be.rdb.ZRange(ctx, dense.RedisKey("k"), -2, -1).Result()
 		require.NoError(t, err)
-		require.Contains(t, meta, "w8 100000 10000000 50 10000000 50", "the meta (grid, longest window, densest writer, largest burst) and the last entry")
-	})
-}
-
-// A meta written before it kept Lm ("w8 G R Ln Wn") is read as the key's,
-// with Lm = Ln: the next grant keeps its grid and replaces it with the
-// whole meta. A = 10 per 1s by 100ms writes the key; B = 20 per 2s by
-// 200ms, as dense as A with a larger burst, then grants.
-func TestSlidingMetaWithoutLm(t *testing.T) {
-	t.Parallel()
-	forEachBackend(t, func(t *testing.T, be backend) {
-		ctx := context.Background()
-		clock, opts := prefixClock(be, "metalm")
-		a, err := NewSlidingWindow(be.rdb, 10, time.Second, 100*ms, opts...)
-		require.NoError(t, err)
-		b, err := NewSlidingWindow(be.rdb, 20, 2*time.Second, 200*ms, opts...)
-		require.NoError(t, err)
-		_, err = a.Allow(ctx, "k")
-		require.NoError(t, err)
-		key := a.RedisKey("k")
-		require.NoError(t, be.rdb.ZRem(ctx, key, "w8 100000 1000000 10 1000000 10").Err())
-		require.NoError(t, be.rdb.ZAdd(ctx, key, redis.Z{Score: math.Inf(1), Member: "w8 100000 1000000 10 1000000"}).Err())
-		clock.Advance(300 * ms)
-		r, err := b.Allow(ctx, "k")
-		require.NoError(t, err)
-		require.True(t, r.Allowed)
-		members, err := be.rdb.ZRangeWithScores(ctx, key, 0, -1).Result() // ZRANGE BYSCORE is Redis 6.2
-		require.NoError(t, err)
-		var metas []string
-		for _, m := range members {
-			if math.IsInf(m.Score, 1) {
-				metas = append(metas, m.Member.(string))
-			}
-		}
-		require.Equal(t, []string{"w8 100000 2000000 10 1000000 20"}, metas, "A's grid kept, R and Lm from B, the old meta gone")
+		require.Contains(t, meta, "w9 100000 10000000 50 10000000 50", "the meta (grid, longest window, densest writer, largest burst) and the last entry")
 	})
 }
 
@@ -847,9 +813,9 @@ func TestSlidingDenyCacheFieldForField(t *testing.T) {
 }
 
 // The Redis commands of a sliding decision on a key its windows have
-// seen: a grant in the tail's bucket reads the note and writes its score,
-// ZRANGE and ZADD; a denial only reads. On a server of its own: INFO
-// commandstats counts every client's commands.
+// seen: a grant in the tail's bucket reads the note and replaces it with
+// one of the new count, ZRANGE, ZADD and ZREM; a denial only reads. On a
+// server of its own: INFO commandstats counts every client's commands.
 func TestSlidingCommandsPerDecision(t *testing.T) {
 	skipShort(t, "starts a redis-server")
 	t.Parallel()
@@ -883,6 +849,6 @@ func TestSlidingCommandsPerDecision(t *testing.T) {
 				delta[name] = d
 			}
 		}
-		require.Equal(t, map[string]int64{"zrange": 118, "zadd": 98}, delta, "%T: one read a decision, one write a grant", l)
+		require.Equal(t, map[string]int64{"zrange": 118, "zadd": 98, "zrem": 98}, delta, "%T: one read a decision, one note written and one removed a grant", l)
 	}
 }

@@ -41,11 +41,11 @@ type advState struct {
 }
 
 // writeLog writes a sliding-window state directly, in the layout
-// scripts/sliding.lua keeps (format 8, docs/internals.md): one-permit
+// scripts/sliding.lua keeps (format 9, docs/internals.md): one-permit
 // buckets at the given indices (ascending), the last of them the tail,
 // which lives in the note; each other bucket a member of score 2^52 +
-// index and the cumulative count as text; the note, scored by the total;
-// and the meta of a WithPrefix key. Building a million buckets through the
+// index and the cumulative count as text; the note, score 0, with the
+// total; and the meta of a WithPrefix key. Building a million buckets through the
 // limiter would take a million round trips. cursor and total are kept for
 // the callers: every bucket counts.
 func writeLog(e *environment, key string, indices []int64, cursor int64, total int64) error {
@@ -68,9 +68,9 @@ func writeLog(e *environment, key string, indices []int64, cursor int64, total i
 			}
 		}
 	}
-	note := fmt.Sprintf("w:%d 0 0", indices[last])
-	meta := fmt.Sprintf("w8 %d %d %d %d %d", advPrecision.Microseconds(), advWindow.Microseconds(), int64(advLimit), advWindow.Microseconds(), int64(advLimit))
-	pipe.ZAdd(e.ctx, key, redis.Z{Score: float64(len(indices)), Member: note}, redis.Z{Score: math.Inf(1), Member: meta})
+	note := fmt.Sprintf("w9:%d %d 0 0", len(indices), indices[last])
+	meta := fmt.Sprintf("w9 %d %d %d %d %d", advPrecision.Microseconds(), advWindow.Microseconds(), int64(advLimit), advWindow.Microseconds(), int64(advLimit))
+	pipe.ZAdd(e.ctx, key, redis.Z{Score: 0, Member: note}, redis.Z{Score: math.Inf(1), Member: meta})
 	pipe.PExpire(e.ctx, key, 3*advWindow)
 	_, err := pipe.Exec(e.ctx)
 	return err

@@ -25,23 +25,28 @@ const stringHot = `redis.call('TIME')
 if not redis.call('GET', KEYS[1]) then redis.call('SET', KEYS[1], ARGV[1], 'PX', 1000) end
 return ARGV[2]`
 
-// slidingHot is the hot path of the sliding state (format 8): TIME, the
-// note and its score (the key's count) in one ZRANGE, a denial (no write).
+// slidingHot is the hot path of the sliding state (format 9): TIME, the
+// note (the key's count in its text) in one ZRANGE, a denial (no write).
 // The windows the note remembers spare the real path any other read.
 const slidingHot = `redis.call('TIME')
-if #redis.call('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES') == 0 then
-  redis.call('ZADD', KEYS[1], 5, ARGV[1]) redis.call('PEXPIRE', KEYS[1], 1000)
+if #redis.call('ZRANGE', KEYS[1], '0', '0') == 0 then
+  redis.call('ZADD', KEYS[1], 0, ARGV[1]) redis.call('PEXPIRE', KEYS[1], 1000)
 end
 return ARGV[2]`
 
-// slidingAllow is a grant in the tail's bucket: TIME, the note and its
-// score, and the new count as the note's score (one ZADD).
+// slidingAllow is a grant in the tail's bucket: TIME, the note, the note
+// of the new count (a ZADD of a new member: ARGV[1] and ARGV[1] .. 'x' in
+// turn) and the old one's ZREM.
 const slidingAllow = `redis.call('TIME')
-local rows = redis.call('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES')
-if #rows == 0 then
-  rows = {ARGV[1], '0'} redis.call('PEXPIRE', KEYS[1], 60000)
+local note = redis.call('ZRANGE', KEYS[1], '0', '0')[1]
+if not note then
+  redis.call('ZADD', KEYS[1], 0, ARGV[1]) redis.call('PEXPIRE', KEYS[1], 60000)
+  note = ARGV[1]
 end
-redis.call('ZADD', KEYS[1], string.format('%d', rows[2] + 1), rows[1])
+local new = ARGV[1]
+if note == new then new = ARGV[1] .. 'x' end
+redis.call('ZADD', KEYS[1], 0, new)
+redis.call('ZREM', KEYS[1], note)
 return ARGV[2]`
 
 // floorScripts maps algorithm → workload → floor script. ARGV[1] is a
@@ -78,12 +83,12 @@ return ARGV[2]`, "17950000000000002", "1 999999 0 60 0 60"},
 		"hot": {stringHot, "17950000000000002", "0 0 9876 999999 0 9876"},
 	},
 	"sliding_window": {
-		"allow": {slidingAllow, "w:299166 0 0 9 0 9", "1 999988 0 60000000 0 0"},
-		"hot":   {slidingHot, "w:299166 0 0 9 0 9", "0 0 59211562 59211562 0 211562"},
+		"allow": {slidingAllow, "w9:12 299166 0 0 9 0 9", "1 999988 0 60000000 0 0"},
+		"hot":   {slidingHot, "w9:12 299166 0 0 9 0 9", "0 0 59211562 59211562 0 211562"},
 	},
 	"sliding_log": {
-		"allow": {slidingAllow, "l:299166 0 0 9 0 9 99 0 99", "1 999988 0 600000000 0 0"},
-		"hot":   {slidingHot, "l:299166 0 0 9 0 9 99 0 99", "0 0 59211562 590211562 0 211562"},
+		"allow": {slidingAllow, "l9:12 299166 0 0 9 0 9 99 0 99", "1 999988 0 600000000 0 0"},
+		"hot":   {slidingHot, "l9:12 299166 0 0 9 0 9 99 0 99", "0 0 59211562 590211562 0 211562"},
 	},
 }
 

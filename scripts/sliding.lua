@@ -21,11 +21,14 @@
 -- began are kept modulo BUCKET0 = 2^52: a count in a window is a
 -- difference of two, exact as long as no window holds 2^52 permits.
 --
--- State (format 8, docs/internals.md): a sorted set whose scores keep its
--- members in order. The note, score the key's count, so that a grant in
--- the tail's bucket changes one score, and member what the decision reads:
---   "<kind>:T base C", then "+O" unless O is 0, then " T-f cb ni-f" per
+-- State (format 9, docs/internals.md): a sorted set whose scores keep its
+-- members in order. The note, score 0, is what the decision reads:
+--   "<kind>9:K T base C", then "+O" unless O is 0, then " T-f cb ni-f" per
 --   remembered window
+-- K, the key's count, is in the text and not the score, so that a call
+-- reads the note without its score: Redis 7.0 prints a score with %.17g,
+-- several percent of a denial's Redis time. A grant in the tail's bucket
+-- then writes the note of the new count and removes the old one.
 -- Every bucket before the tail T (the last bucket granted in) that holds a
 -- permit: score BUCKET0 + the bucket's index on the key's grid G
 -- (floor(µs / G), in the key's time: see clock), member the decimal count
@@ -42,13 +45,13 @@
 -- grant's bucket, text "P L_1 S_1 L_2 S_2 ...": its strategies bind every
 -- call until that bucket leaves its longest window (until, read with the
 -- key's O of the time: see clock); and the meta, score
--- +inf, "<kind>8 G R Ln Wn Lm": G the grid (µs, the first writer's
+-- +inf, "<kind>9 G R Ln Wn Lm": G the grid (µs, the first writer's
 -- precision); R the longest window (µs) of any configuration that granted;
 -- Ln per Wn µs the densest strategy of any that granted, and Lm the
--- largest limit of their densest strategies (Ln when absent): in U µs, no
--- writer granted more than Ln * ceil(U / Wn) + 2 * Lm. A default key, which
--- only one configuration ever reads, keeps neither: its grid, windows and
--- densest strategy are its configuration's.
+-- largest limit of their densest strategies: in U µs, no writer granted
+-- more than Ln * ceil(U / Wn) + 2 * Lm. A default key, which only one
+-- configuration ever reads, keeps neither: its grid, windows and densest
+-- strategy are its configuration's.
 --
 -- The reply is six integers: allowed (0/1), remaining, retry-after µs (-1:
 -- never), reset-after µs, the index of the strategy reported, and stable µs:
@@ -63,10 +66,10 @@
 
 local KEY, KIND = KEYS[1], ARGV[3]
 local find, match, format = string.find, string.match, string.format
--- The scores, exact integers below 2^53: the note's is the key's count,
--- below BUCKET0 = 2^52; a bucket's is BUCKET0 + its index (below 2^44: µs
--- below 2^53 in buckets of 1ms at least); an entry's is ENTRY0 = 2^52 +
--- 2^44, plus a time in µs (below 2^52 - 2^44: the year 2112).
+-- The scores, exact integers below 2^53: the note's is 0; a bucket's is
+-- BUCKET0 + its index (below 2^44: µs below 2^53 in buckets of 1ms at
+-- least); an entry's is ENTRY0 = 2^52 + 2^44, plus a time in µs (below
+-- 2^52 - 2^44: the year 2112).
 local BUCKET0, ENTRY0 = 4503599627370496, 4521191813414912
 local SCAN = 8 -- most buckets one call reads to find a RetryAfter, or trims
 -- Every floor(a / b), as (a - a % b) / b or math.floor(a / b), is exact:
@@ -104,43 +107,44 @@ local shared = last % 2 == 1
 if shared then last = last - 1 end
 local smallest = ARGV[5] + 0
 
--- read_state: the note and its score, the key's lowest member; under
--- WithPrefix, then the entries and the meta; or an empty key's state (no
--- tail: T = -1). Without a meta, the grid G is this configuration's
+-- read_state: the note, the key's lowest member; under WithPrefix, then
+-- the entries and the meta; or an empty key's state (no tail: T = -1). Without a meta, the grid G is this configuration's
 -- precision, and R (read on a grant) and Ln, Wn, Lm (where needed) are its
--- longest window and densest strategy. The note's remembered windows start
--- at its character remembered. A state in a previous released format
--- (a sorted set whose last member is a format 7 note or a format 6 meta,
--- or a hash with "W4" or "L4" in field m) reads as empty, and the first
--- grant replaces it.
-local note, meta, remembered = '', nil, 1
+-- longest window and densest strategy. The text after the key's count
+-- starts at the note's character rest, its remembered windows at
+-- remembered. A state in a previous released format (a sorted set whose
+-- first member is a format 8 note, or whose last is a format 7 note or a
+-- format 6 meta, or a hash with "W4" or "L4" in field m) reads as empty,
+-- and the first grant replaces it.
+local note, meta, rest, remembered = '', nil, nil, 1
 local G, R, Ln, Wn, Lm = P, nil, nil, nil, nil
 local T, base, C, O, cum = -1, 0, 0, 0, 0
 local entries, old, foreign = nil, false, nil
-local rows = redis.pcall('ZRANGE', KEY, '0', '0', 'WITHSCORES')
+local rows = redis.pcall('ZRANGE', KEY, '0', '0')
 if rows.err then
   local m = redis.pcall('HGET', KEY, 'm')
   old = type(m) == 'string' and find(m, '^' .. string.upper(KIND) .. '4 ') ~= nil
   if not old then foreign = 'another type than sliding state' end
 elseif rows[1] then
-  local kind, t, b, c, o, at = match(rows[1], '^(%a):(%d+) (%d+) (%d+)%+?(%d*)()')
+  local kind, k, after_k, t, b, c, o, at = match(rows[1], '^(%a)9:(%d+)() (%d+) (%d+) (%d+)%+?(%d*)()')
   if kind == KIND then
     -- base and C stay text until a call needs them: few do.
-    note, T, base, C, remembered, cum = rows[1], t + 0, b, c, at, rows[2] + 0
+    note, cum, rest, T, base, C, remembered = rows[1], k + 0, after_k, t + 0, b, c, at
     if o ~= '' then O = o + 0 end
-    if not (cum >= 0 and cum < BUCKET0) then foreign = 'a sorted set that is not sliding state' end
+    if cum >= BUCKET0 then foreign = 'a sorted set that is not sliding state' end
     if shared then
       entries = redis.call('ZRANGEBYSCORE', KEY, format('%d', ENTRY0), '+inf', 'WITHSCORES')
-      local k, g, r, ln, wn, lm = match(entries[#entries - 1] or '', '^(%a)8 (%d+) (%d+) (%d+) (%d+) ?(%d*)$')
+      local k, g, r, ln, wn, lm = match(entries[#entries - 1] or '', '^(%a)9 (%d+) (%d+) (%d+) (%d+) (%d+)$')
       if k == KIND then
-        meta, G, R, Ln, Wn, Lm = entries[#entries - 1], g + 0, r + 0, ln + 0, wn + 0, ln + 0
-        if lm ~= '' then Lm = lm + 0 end
+        meta, G, R, Ln, Wn, Lm = entries[#entries - 1], g + 0, r + 0, ln + 0, wn + 0, lm + 0
         entries[#entries], entries[#entries - 1] = nil, nil
       end
     end
   else
     local highest = redis.call('ZRANGE', KEY, '-1', '-1')[1]
-    if find(highest, '^' .. KIND .. '6 %d+ %d+ %d+ %d+ %d+ %d+$') or find(highest, '^' .. KIND .. '~%d+ %d+ %d+[%d +]*$') then
+    if find(rows[1], '^' .. KIND .. ':%d+ %d+ %d+[%d +]*$')
+      or find(highest, '^' .. KIND .. '6 %d+ %d+ %d+ %d+ %d+ %d+$')
+      or find(highest, '^' .. KIND .. '~%d+ %d+ %d+[%d +]*$') then
       old = true
     else
       foreign = 'a sorted set that is not sliding state'
@@ -353,7 +357,7 @@ if granted then
     if not Ln then Ln, Wn, Lm = Ld, Wd, Ld end
     if Ld * Wn > Ln * Wd then Ln, Wn = Ld, Wd end
     Lm = math.max(Lm, Ld)
-    new_meta = format('%s8 %d %d %d %d %d', KIND, G, R, Ln, Wn, Lm)
+    new_meta = format('%s9 %d %d %d %d %d', KIND, G, R, Ln, Wn, Lm)
     if new_meta == meta then new_meta = nil end
   end
   note_changed = note_changed or new_meta ~= nil or T ~= b
@@ -385,21 +389,22 @@ if granted then
   end
 end
 
--- write: a grant's count in the note's score; the note when it changed
--- (the tail b, base, C, O and the windows remembered that this call used),
--- with the old tail's bucket when the tail moved, and new_meta. A denial
--- or n == 0 writes only when O grew (clock), best effort. The old members
--- go after the new ones are in: a set left empty even for a moment is a
--- deleted key, and the new one would carry no TTL; a note gone without its
--- successor would leave a key nobody reads as ours.
+-- write: a grant's note, with the new count: when only the count changed,
+-- the old note's text with it; else the tail b, base, C, O and the windows
+-- remembered that this call used, with the old tail's bucket when the tail
+-- moved, and new_meta. A denial or n == 0 writes only when O grew (clock),
+-- best effort. The old members go after the new ones are in: a set left
+-- empty even for a moment is a deleted key, and the new one would carry no
+-- TTL; a note gone without its successor would leave a key nobody reads as
+-- ours.
 if granted or moved then
   local call, total = redis.pcall, cum
   if granted then call, total = redis.call, (cum + n) % BUCKET0 end
-  local score = format('%d', total)
   if not note_changed then
-    call('ZADD', KEY, score, note)
+    call('ZADD', KEY, '0', format('%s9:%d', KIND, total) .. string.sub(note, rest))
+    call('ZREM', KEY, note)
   else
-    local text = {format('%s:%d %d %s', KIND, b, base, C)}
+    local text = {format('%s9:%d %d %d %s', KIND, total, b, base, C)}
     if O > 0 then text[2] = format('+%d', O) end
     local at, j = remembered, 1
     while at < #note do
@@ -412,7 +417,7 @@ if granted or moved then
         text[#text + 1] = format(' %d %d %d', b - fresh[j], fresh[j + 1], fresh[j + 2] - fresh[j])
       end
     end
-    local args, gone = {'ZADD', KEY, score, table.concat(text)}, {}
+    local args, gone = {'ZADD', KEY, '0', table.concat(text)}, {}
     if note ~= '' and note ~= args[4] then gone[1] = note end
     if T ~= b and T >= 0 then args[5], args[6] = format('%d', BUCKET0 + T), format('%d', cum) end
     if new_meta then
