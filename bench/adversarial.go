@@ -45,9 +45,9 @@ type advState struct {
 // buckets at the given indices (ascending), the last of them the tail,
 // which lives in the note; each other bucket a member of score 2^52 +
 // index and the cumulative count as text; the note, score 0, with the
-// total; and the meta of a WithPrefix key. Building a million buckets through the
-// limiter would take a million round trips. cursor and total are kept for
-// the callers: every bucket counts.
+// total; and the meta of a WithPrefix key. Building a million buckets
+// through the limiter would take a million round trips. cursor and total
+// are kept for the callers: every bucket counts.
 func writeLog(e *environment, key string, indices []int64, cursor int64, total int64) error {
 	_, _ = cursor, total
 	const bucket0 = 1 << 52

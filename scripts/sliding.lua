@@ -108,11 +108,11 @@ if shared then last = last - 1 end
 local smallest = ARGV[5] + 0
 
 -- read_state: the note, the key's lowest member; under WithPrefix, then
--- the entries and the meta; or an empty key's state (no tail: T = -1). Without a meta, the grid G is this configuration's
--- precision, and R (read on a grant) and Ln, Wn, Lm (where needed) are its
--- longest window and densest strategy. The text after the key's count
--- starts at the note's character rest, its remembered windows at
--- remembered. A state in a previous released format (a sorted set whose
+-- the entries and the meta; or an empty key's state (no tail: T = -1).
+-- Without a meta, the grid G is this configuration's precision, and R
+-- (read on a grant) and Ln, Wn, Lm (where needed) are its longest window
+-- and densest strategy. The text after the key's count starts at the
+-- note's character rest, its remembered windows at remembered. A state in a previous released format (a sorted set whose
 -- first member is a format 8 note, or whose last is a format 7 note or a
 -- format 6 meta, or a hash with "W4" or "L4" in field m) reads as empty,
 -- and the first grant replaces it.
