@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redlimit/redlimit/internal/testseed"
 	"github.com/stretchr/testify/require"
 )
 
@@ -350,7 +351,7 @@ func TestDenyCacheInvalidSize(t *testing.T) {
 func TestDenyCacheSameResultAsRedis(t *testing.T) {
 	forEachCacheAlgorithm(t, func(t *testing.T, b backend, alg algorithm) {
 		p := newCachePair(t, b, alg, 16)
-		rng := rand.New(rand.NewPCG(42, uint64(len(alg.name))))
+		rng := rand.New(rand.NewPCG(42+testseed.Offset(t), uint64(len(alg.name))))
 		local := 0
 		calls := shortOr(200, 600)
 		for i := range calls {

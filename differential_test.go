@@ -168,7 +168,7 @@ func TestLeakyAndTokenBucketAgree(t *testing.T) {
 			// expire and not the other.
 			keepTTL(b.rdb, time.Hour)
 		}
-		rng := rand.New(rand.NewPCG(7, 7))
+		rng := rand.New(rand.NewPCG(7+testseed.Offset(t), 7))
 		for c := range 5 {
 			capacity := 1 + rng.IntN(10)
 			rate := Rate{Count: 1 + rng.IntN(9), Per: time.Duration(1+rng.IntN(5000)) * ms}
@@ -201,7 +201,7 @@ func TestRetryAfterIsExact(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		b.keepKeys()
-		rng := rand.New(rand.NewPCG(42, 0))
+		rng := rand.New(rand.NewPCG(42+testseed.Offset(t), 0))
 		for _, dc := range randomDiffCases(rng) {
 			t.Run(dc.name, func(t *testing.T) {
 				clock := newClock()

@@ -398,7 +398,7 @@ func TestSlidingLogManyStrategies(t *testing.T) {
 		l, err := NewSlidingLog(b.rdb, precision, strategies, WithClock(clock.Now))
 		require.NoError(t, err)
 		m := model.NewSlidingLog(precision.Microseconds(), limits, windows)
-		rng := rand.New(rand.NewPCG(7, 7))
+		rng := rand.New(rand.NewPCG(7+testseed.Offset(t), 7))
 		for i := range 300 {
 			n := rng.IntN(4)
 			got, err := l.AllowN(ctx, "k", n)
@@ -459,7 +459,7 @@ func TestSharedKeyNeitherLooser(t *testing.T) {
 		t.Run(alg, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
 				ctx := context.Background()
-				rng := rand.New(rand.NewPCG(7, uint64(len(alg))))
+				rng := rand.New(rand.NewPCG(7+testseed.Offset(t), uint64(len(alg))))
 				for trace := range 6 {
 					fast := config{1 + rng.IntN(10), time.Duration(1+rng.IntN(10)) * 100 * time.Millisecond}
 					large := config{fast.limit * (2 + rng.IntN(10)), fast.per * time.Duration(2+rng.IntN(20))}
