@@ -45,6 +45,9 @@ type Result struct {
 	// Strategy is, for SlidingLog only, the index of the reported strategy;
 	// it is 0 for every other model.
 	Strategy int
+	// GrantID names, for a granted request with n > 0, the grant, for
+	// Refund; 0 otherwise.
+	GrantID int64
 }
 
 // Model is implemented by every reference model in this package.
@@ -77,6 +80,15 @@ func StepStored(m Model, nowUS, n int64) Result {
 		return m.Step(nowUS, n)
 	}
 	return r
+}
+
+// Refunder is implemented by the models that take refunds (DESIGN "Grants
+// and refunds"): Refund gives back permits of the grant named grantID at
+// time nowUS until k of them in all have been given back (the largest k
+// any Refund of it asked for, never a sum), as far as the algorithm still
+// counts them, and returns how many this call gave back.
+type Refunder interface {
+	Refund(nowUS, grantID, k int64) (given int64)
 }
 
 var (
