@@ -3,7 +3,6 @@ package redlimit
 import (
 	"context"
 	"embed"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"math"
@@ -51,7 +50,38 @@ type Result struct {
 	// ResetAfter is the time until key is back in its initial, fully
 	// available state, rounded up to the microsecond.
 	ResetAfter time.Duration
+	// Grant is what this call took, when Allowed with n > 0: Grant.Refund
+	// gives permits back. The zero Grant otherwise.
+	Grant Grant
+	// Part is, for AllowAll, the index of the part this Result describes;
+	// 0 otherwise.
+	Part int
 }
+
+// Grant is what one allowed call took: a small value, safe to copy and
+// keep, naming the limiter, the key, the permits and the grant in the
+// key's state. Its zero value refers to nothing. Grants are comparable, so
+// Results stay comparable with ==.
+//
+// Grant.Refund(ctx, n) gives back permits the grant took until n of them
+// in all have been given back. It is idempotent: the total given back from
+// one grant is the largest n any Refund of it asked for, never a sum, so a
+// retried refund (after a lost reply, say) gives nothing more, and a
+// refund of no more than was already given back is not an error. The key
+// is left as it would be had the grant taken n fewer permits, as far as
+// the algorithm still counts them: nothing once the fixed window that
+// counted them has closed, the sliding bucket holding them has left every
+// window, or a bucket has refilled or drained past them; never more, for
+// any configuration sharing the key, on any clock. A refund is one round
+// trip behind the circuit breaker (it never goes to a fallback: a refund
+// that fails leaves the permits used, stricter, never looser), changes
+// counts only (never a window's start or a key's TTL), and drops the key's
+// cached denials in this process. n <= 0, n above what the grant took, or
+// the zero Grant are ErrInvalidArgument, without a round trip.
+// docs/refunds.md tells the whole story, with the bounds.
+//
+// Grant.N() is the number of permits the grant took; 0 for the zero Grant.
+type Grant = engine.Grant
 
 // Never is the RetryAfter of a request that can never be allowed: it asks for
 // more permits than the limiter's capacity. It is the largest Duration (like
@@ -62,22 +92,22 @@ const Never time.Duration = math.MaxInt64
 var (
 	// ErrAcquireFailed is matched (errors.Is) by every denial TryAcquire and
 	// Wait return.
-	ErrAcquireFailed = errors.New("redlimit: rate limit exceeded")
+	ErrAcquireFailed = engine.ErrAcquireFailed
 	// ErrInvalidConfig is matched by constructor errors: a bad limit, window,
 	// precision, rate or option. The message names the field and the value.
 	// A limiter not made by its constructor (a zero value, or a nil
 	// *TokenBucket, ... whose constructor's error was ignored) returns it
 	// from every method, and so do Wait and WaitN given a nil Limiter.
-	ErrInvalidConfig = errors.New("redlimit: invalid configuration")
+	ErrInvalidConfig = engine.ErrInvalidConfig
 	// ErrInvalidArgument is matched by call errors: an empty key or one
 	// longer than MaxKeyBytes, n < 0, a nil ctx, or a WithClock clock
 	// outside 2001-2112. Such calls never reach Redis.
-	ErrInvalidArgument = errors.New("redlimit: invalid argument")
+	ErrInvalidArgument = engine.ErrInvalidArgument
 	// ErrForeignState is matched by the error of a call on a key that holds
 	// a value this library did not write (another type, another
 	// application's data, another algorithm's state). The key is left
 	// unchanged; the message names it.
-	ErrForeignState = errors.New("redlimit: key holds a value redlimit did not write")
+	ErrForeignState = engine.ErrForeignState
 )
 
 // ViolationStrategyError is every denial TryAcquire returns, and Wait's when
@@ -243,6 +273,10 @@ type Decision struct {
 	Cause error
 	// Shadow reports a call under ShadowContext: decided and counted, never enforced.
 	Shadow bool
+	// Refund reports a Grant's refund rather than a decision: N is the
+	// refund's n (the permits to have given back in all), Result the key's
+	// state right after it (as n == 0 would report it), Err its error.
+	Refund bool
 	// Limiter is the limiter's WithName name ("" when unnamed).
 	Limiter string
 }
@@ -343,18 +377,15 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 		Clock:     o.clock,
 		DenyCache: o.denyCache,
 		Capacity:  slices.Min(s.limits),
-
-		InvalidArgument: ErrInvalidArgument,
-		Foreign:         ErrForeignState,
 	}
 	if err := o.outage.configure(s.algorithm, rdb, &cfg); err != nil {
 		return limiter{}, err
 	}
 	if fn := o.observer; fn != nil {
 		cfg.Observe = func(ev engine.Event) {
-			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.Fallback != nil, Cause: ev.Reply.Cause, Shadow: IsShadow(ev.Ctx), Limiter: o.name}
+			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.Fallback != nil, Cause: ev.Reply.Cause, Shadow: IsShadow(ev.Ctx), Refund: ev.Refund, Limiter: o.name}
 			if ev.Err == nil {
-				d.Result = l.result(ev.Reply)
+				d.Result = l.result(ev.Reply, ev.Key, ev.N)
 			}
 			fn(d)
 		}
@@ -375,17 +406,23 @@ func isNilPointer(v any) bool {
 	return false
 }
 
-func (l *limiter) result(r engine.Reply) Result {
+// result is the Result of a reply to n permits on key: the fallback's own,
+// or the script's, with the Grant its token names.
+func (l *limiter) result(r engine.Reply, key string, n int) Result {
 	if res, ok := r.Fallback.(Result); ok {
 		return res
 	}
-	return Result{
+	res := Result{
 		Allowed:    r.Allowed,
 		Limit:      l.limits[r.Strategy],
 		Remaining:  int(r.Remaining),
 		RetryAfter: r.RetryAfter,
 		ResetAfter: r.ResetAfter,
 	}
+	if r.Allowed && n > 0 && r.Token != "" {
+		res.Grant = engine.NewGrant(l.engine, key, n, r.Token)
+	}
+	return res
 }
 
 // TryAcquire takes one permit for key. It returns nil when allowed, a
@@ -458,7 +495,7 @@ func (l *limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 	if err != nil {
 		return Result{}, err
 	}
-	return l.result(r), nil
+	return l.result(r, key, n), nil
 }
 
 // Reset forgets all state of key, in Redis and in this limiter's deny cache.

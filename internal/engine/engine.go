@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,10 +30,6 @@ type Config struct {
 	Breaker     *Breaker
 	Unavailable error
 	Fallback    func(ctx context.Context, key string, n int) (Reply, error)
-	// InvalidArgument and Foreign are the root package's sentinels that a
-	// bad key, n or clock reading and a key holding a foreign value match.
-	InvalidArgument error
-	Foreign         error
 }
 
 // Event is what the observer is told of one call.
@@ -44,6 +41,9 @@ type Event struct {
 	Err     error
 	Latency time.Duration
 	Local   bool
+	// Refund reports a grant's refund: N is the refund's n, Reply the
+	// key's state after it, as an n == 0 call would see it.
+	Refund bool
 }
 
 // maxClockUS bounds a WithClock time (2112-02-27): with a window or refill
@@ -88,8 +88,6 @@ type Engine struct {
 	detachSlots         chan struct{} // one per call with a short deadline running on: see guardedRun
 	unavailableSentinel error
 	fallbackFn          func(ctx context.Context, key string, n int) (Reply, error)
-	invalidArgument     error
-	foreign             error
 }
 
 // DefaultMinDeadline is the least time a round trip gets when the limiter
@@ -112,8 +110,6 @@ func New(rdb redis.Scripter, cfg Config) *Engine {
 		breaker:             cfg.Breaker,
 		unavailableSentinel: cfg.Unavailable,
 		fallbackFn:          cfg.Fallback,
-		invalidArgument:     cfg.InvalidArgument,
-		foreign:             cfg.Foreign,
 	}
 	e.detachSlots = make(chan struct{}, maxDetachedCalls)
 	e.minDeadline = DefaultMinDeadline
@@ -142,12 +138,14 @@ type processor interface {
 }
 
 // request is what one round trip does: decide n permits for key at
-// nowArg (see decide), or, for a reset, delete key. Both take the same way
-// to Redis: behind the breaker, and ended at the ctx's deadline.
+// nowArg (see decide); give back permits of a grant (refund: the script's
+// ARGV[2], "-<k>:<token>"); or, for a reset, delete key. All take the same
+// way to Redis: behind the breaker, and ended at the ctx's deadline.
 type request struct {
 	key    string
 	nowArg any
 	n      int
+	refund string
 	reset  bool
 }
 
@@ -156,7 +154,11 @@ type request struct {
 // (its script cache was flushed, or it is a new node). Nothing else is
 // ever re-sent: a call that timed out may have run.
 func (e *Engine) run(ctx context.Context, req request) (string, error) {
-	key, nowArg, n := req.key, req.nowArg, req.n
+	key, nowArg := req.key, req.nowArg
+	var n any = req.n
+	if req.refund != "" {
+		n = req.refund
+	}
 	if req.reset {
 		return "", resetScript.Run(ctx, e.rdb, []string{e.prefix + key}).Err()
 	}
@@ -206,23 +208,15 @@ func (e *Engine) Decide(ctx context.Context, key string, n int) (Reply, error) {
 }
 
 func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local bool, err error) {
-	if err := CheckArgs(e.invalidArgument, e.algorithm, ctx, key); err != nil {
+	if err := CheckArgs(ErrInvalidArgument, e.algorithm, ctx, key); err != nil {
 		return Reply{}, false, err
 	}
 	if n < 0 {
-		return Reply{}, false, Errorf(e.invalidArgument, "redlimit: %s: n %d: must not be negative", e.algorithm, n)
+		return Reply{}, false, Errorf(ErrInvalidArgument, "redlimit: %s: n %d: must not be negative", e.algorithm, n)
 	}
-	var now time.Time
-	var nowArg any = "" // the script reads the Redis server's TIME
-	if e.clock != nil {
-		now = e.clock()
-		if err := CheckClock(e.invalidArgument, e.algorithm, now); err != nil {
-			return Reply{}, false, err
-		}
-		us := now.UnixMicro()
-		// The deny cache counts on the microsecond the script decides on,
-		// so that its Results equal the script's to the microsecond.
-		nowArg, now = us, time.UnixMicro(us)
+	now, nowArg, err := e.now()
+	if err != nil {
+		return Reply{}, false, err
 	}
 	var generation uint64
 	if e.cache != nil {
@@ -267,6 +261,76 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 	return r, false, nil
 }
 
+// now reads the limiter's clock: the time and the script's ARGV[1] for it,
+// or, without WithClock, the zero time and "" (the script reads the Redis
+// server's TIME).
+func (e *Engine) now() (time.Time, any, error) {
+	if e.clock == nil {
+		return time.Time{}, "", nil
+	}
+	now := e.clock()
+	if err := CheckClock(ErrInvalidArgument, e.algorithm, now); err != nil {
+		return time.Time{}, nil, err
+	}
+	// The deny cache counts on the microsecond the script decides on, so
+	// that its Results equal the script's to the microsecond.
+	us := now.UnixMicro()
+	return time.UnixMicro(us), us, nil
+}
+
+// Refund gives back permits of the grant of key that the script named
+// token: until k of them in all have been given back (the script keeps
+// what each grant gave back, so a retried refund gives nothing more). It
+// returns the key's state after it, as an n == 0 call would see it, and
+// the permits this call gave back. It reaches Redis as a decision does,
+// behind the breaker, but never goes to the fallback: the permits a Redis
+// grant took are in Redis, and a refund that could not be made leaves
+// them used (stricter, never looser). It drops the key's cached denials
+// in this limiter and its peers.
+func (e *Engine) Refund(ctx context.Context, key, token string, k int) (Reply, int, error) {
+	if err := CheckArgs(ErrInvalidArgument, e.algorithm, ctx, key); err != nil {
+		return Reply{}, 0, err
+	}
+	if !validToken(token) {
+		return Reply{}, 0, Errorf(ErrInvalidArgument, "redlimit: %s: refund: the grant carries no token a script made", e.algorithm)
+	}
+	start := time.Now()
+	_, nowArg, err := e.now()
+	if err != nil {
+		return Reply{}, 0, err
+	}
+	// Before and after, as around a Reset: a decision in flight across the
+	// refund may have read the state before it and must not cache its
+	// denial.
+	e.tellPeers(key, nil)
+	defer e.tellPeers(key, nil)
+	text, err := e.guardedRun(ctx, request{key: key, nowArg: nowArg, refund: "-" + strconv.Itoa(k) + ":" + token})
+	var r Reply
+	given := 0
+	if err == nil {
+		r, err = ParseReplyText(text)
+		if err == nil {
+			given, err = strconv.Atoi(r.Token)
+			if err != nil || given < 0 || given > k {
+				err = fmt.Errorf("malformed refund reply %q", text)
+			}
+			r.Token = ""
+		}
+		if err != nil {
+			err = fmt.Errorf("redlimit: %s: refund: %w", e.algorithm, err)
+		}
+	} else {
+		err = e.redisError(ctx, key, "refund: ", err)
+	}
+	if e.observe != nil {
+		e.observe(Event{Ctx: ctx, Key: key, N: k, Reply: r, Err: err, Latency: time.Since(start), Refund: true})
+	}
+	if err != nil {
+		return Reply{}, 0, err
+	}
+	return r, given, nil
+}
+
 // resetScript deletes one key. redis.Scripter has no DEL, and a script keeps
 // Reset on the same one-round-trip, cluster-safe path as the decisions.
 var resetScript = redis.NewScript(`return redis.call('DEL', KEYS[1])`)
@@ -275,7 +339,7 @@ var resetScript = redis.NewScript(`return redis.call('DEL', KEYS[1])`)
 // reaches Redis as a decision does: an open breaker answers at once, and
 // the call ends at ctx's deadline.
 func (e *Engine) Reset(ctx context.Context, key string) error {
-	if err := CheckArgs(e.invalidArgument, e.algorithm, ctx, key); err != nil {
+	if err := CheckArgs(ErrInvalidArgument, e.algorithm, ctx, key); err != nil {
 		return err
 	}
 	// Before and after the DEL, in this limiter's cache and its peers': a
@@ -295,7 +359,7 @@ func (e *Engine) Reset(ctx context.Context, key string) error {
 // A script's refusal of a foreign value names the key, bounded and quoted.
 func (e *Engine) redisError(ctx context.Context, key, op string, err error) error {
 	if msg, ok := strings.CutPrefix(err.Error(), foreignPrefix); ok && redis.HasErrorPrefix(err, "NOTOURS") {
-		return Errorf(e.foreign, "redlimit: %s: %skey %s %s", e.algorithm, op, QuoteKey(e.prefix+key), msg)
+		return Errorf(ErrForeignState, "redlimit: %s: %skey %s %s", e.algorithm, op, QuoteKey(e.prefix+key), msg)
 	}
 	ctxErr := ctx.Err()
 	if ctxErr == nil && errors.Is(err, os.ErrDeadlineExceeded) {
@@ -347,4 +411,11 @@ func QuoteKey(key string) string {
 		return fmt.Sprintf("%q", key)
 	}
 	return fmt.Sprintf("%q… (%d bytes)", key[:most], len(key))
+}
+
+// RefundGrant makes Engine the Refunder of the grants its scripts name:
+// see Refund.
+func (e *Engine) RefundGrant(ctx context.Context, key, token string, took, n int) error {
+	_, _, err := e.Refund(ctx, key, token, n)
+	return err
 }

@@ -29,6 +29,11 @@ type Reply struct {
 	Fallback any
 	// Cause is, with Fallback, the Redis error that sent the call there.
 	Cause error
+	// Token is the reply's seventh field: a grant's name in the key's
+	// state, for its refunds (a decision allowed with n > 0), or the
+	// permits a refund gave back, in decimal. "" when the script sent
+	// none.
+	Token string
 }
 
 // replyFields is the number of integers every script returns:
@@ -39,10 +44,21 @@ const replyFields = 6
 // maxDurationUS is the longest duration, in µs, a time.Duration holds.
 const maxDurationUS = int64(1<<63-1) / int64(time.Microsecond)
 
+// maxTokenBytes bounds a reply's token (see Reply.Token).
+const maxTokenBytes = 100
+
 // ParseReplyText parses a script's reply: six space-separated integers
-// (replyFields), written canonically.
+// (replyFields), written canonically, then optionally a space and a token
+// (Reply.Token) of 1 to maxTokenBytes bytes of letters, digits and . : _ + -.
 func ParseReplyText(s string) (Reply, error) {
 	var fields [replyFields]int64
+	token := ""
+	if i := nthSpace(s, replyFields); i >= 0 {
+		s, token = s[:i], s[i+1:]
+		if !validToken(token) {
+			return Reply{}, fmt.Errorf("malformed script reply %q: bad token", s+" "+token)
+		}
+	}
 	if err := parseFields(s, fields[:]); err != nil {
 		return Reply{}, fmt.Errorf("malformed script reply %q: %w", s, err)
 	}
@@ -63,6 +79,7 @@ func ParseReplyText(s string) (Reply, error) {
 		ResetAfter: time.Duration(resetUS) * time.Microsecond,
 		Strategy:   int(strategy),
 		Stable:     Never,
+		Token:      token,
 	}
 	if stableUS >= 0 {
 		r.Stable = time.Duration(stableUS) * time.Microsecond
@@ -113,4 +130,35 @@ func parseFields(s string, fields []int64) error {
 		return errors.New("trailing data")
 	}
 	return nil
+}
+
+// nthSpace returns the index of the nth space in s, or -1.
+func nthSpace(s string, n int) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] == ' ' {
+			n--
+			if n == 0 {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
+// validToken reports a token a script may send: 1 to maxTokenBytes bytes
+// of letters, digits and . : _ + -.
+func validToken(t string) bool {
+	if t == "" || len(t) > maxTokenBytes {
+		return false
+	}
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		switch {
+		case c >= '0' && c <= '9', c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
+		case c == '.' || c == ':' || c == '_' || c == '+' || c == '-':
+		default:
+			return false
+		}
+	}
+	return true
 }

@@ -30,6 +30,8 @@ var replyCases = []struct {
 	// Valid replies: allowed, remaining, retry-after µs, reset-after µs, strategy, stable µs.
 	{name: "allowed", in: "1 2 0 1000 0 -1",
 		want: Reply{Stable: Never, Allowed: true, Remaining: 2, ResetAfter: time.Millisecond}},
+	{name: "a grant's token", in: "1 2 0 1000 0 -1 17.1764:3_a+b-C",
+		want: Reply{Stable: Never, Allowed: true, Remaining: 2, ResetAfter: time.Millisecond, Token: "17.1764:3_a+b-C"}},
 	{name: "allowed, nothing left", in: "1 0 0 1000000 0 -1",
 		want: Reply{Stable: Never, Allowed: true, ResetAfter: time.Second}},
 	{name: "zero state", in: "1 3 0 0 0 -1",
@@ -66,7 +68,9 @@ var replyCases = []struct {
 	{name: "four fields", in: "1 2 0 1000", wantErr: true},
 	{name: "four fields and a space", in: "1 2 0 1000 ", wantErr: true},
 	{name: "five fields", in: "1 2 0 1000 0", wantErr: true},
-	{name: "seven fields", in: "1 2 0 1000 0 0 0", wantErr: true},
+	{name: "eight fields", in: "1 2 0 1000 0 0 0 0", wantErr: true},
+	{name: "a token with a bad byte", in: "1 2 0 1000 0 0 a/b", wantErr: true},
+	{name: "an empty token", in: "1 2 0 1000 0 0 ", wantErr: true},
 	{name: "stable below -1", in: "1 2 0 1000 0 -2", wantErr: true},
 	{name: "one field", in: "1", wantErr: true},
 	{name: "letters", in: "1 2 0 abc 0", wantErr: true},
@@ -135,7 +139,11 @@ func formatReply(r Reply) string {
 	if r.Stable != Never {
 		stableUS = int64(r.Stable / time.Microsecond)
 	}
-	return fmt.Sprintf("%d %d %d %d %d %d", allowed, r.Remaining, retryUS, int64(r.ResetAfter/time.Microsecond), r.Strategy, stableUS)
+	s := fmt.Sprintf("%d %d %d %d %d %d", allowed, r.Remaining, retryUS, int64(r.ResetAfter/time.Microsecond), r.Strategy, stableUS)
+	if r.Token != "" {
+		s += " " + r.Token
+	}
+	return s
 }
 
 // FuzzParseReply checks that parseReply never panics, and that whatever it
