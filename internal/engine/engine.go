@@ -114,54 +114,89 @@ func (e *Engine) Decide(ctx context.Context, key string, n int) (Reply, error) {
 }
 
 func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local bool, err error) {
+	c, r, local, err := e.begin(ctx, key, n)
+	if err != nil || local {
+		return r, local, err
+	}
+	text, err := e.guardedRun(ctx, c.request())
+	r, err = c.finish(ctx, text, err)
+	return r, false, err
+}
+
+// call is one decision under way: checked, past the deny cache, waiting
+// for its reply (begin, then finish, around a round trip or a batch's).
+type call struct {
+	e          *Engine
+	key        string
+	n          int
+	now        time.Time // the limiter's clock, or time.Now with a deny cache
+	nowArg     any       // the script's ARGV[1]
+	generation uint64    // the deny cache's, at begin
+}
+
+// begin checks a decision's arguments and asks the deny cache: local is
+// true, with the cached denial in r, when it answers.
+func (e *Engine) begin(ctx context.Context, key string, n int) (c call, r Reply, local bool, err error) {
 	if err := CheckArgs(ErrInvalidArgument, e.algorithm, ctx, key); err != nil {
-		return Reply{}, false, err
+		return call{}, Reply{}, false, err
 	}
 	if n < 0 {
-		return Reply{}, false, Errorf(ErrInvalidArgument, "redlimit: %s: n %d: must not be negative", e.algorithm, n)
+		return call{}, Reply{}, false, Errorf(ErrInvalidArgument, "redlimit: %s: n %d: must not be negative", e.algorithm, n)
 	}
 	now, nowArg, err := e.now()
 	if err != nil {
-		return Reply{}, false, err
+		return call{}, Reply{}, false, err
 	}
-	var generation uint64
+	c = call{e: e, key: key, n: n, now: now, nowArg: nowArg}
 	if e.cache != nil {
-		if now.IsZero() {
+		if c.now.IsZero() {
 			// Taken before the round trip, so a cached denial runs out no
 			// later than the server's would.
-			now = time.Now()
+			c.now = time.Now()
 		}
-		if r, ok := e.cache.lookup(key, n, now); ok {
-			return r, true, nil
+		if r, ok := e.cache.lookup(key, n, c.now); ok {
+			return call{}, r, true, nil
 		}
-		generation = e.cache.begin(key)
+		c.generation = e.cache.begin(key)
 	}
-	text, err := e.guardedRun(ctx, request{key: e.prefix + key, nowArg: nowArg, n: n})
+	return c, Reply{}, false, nil
+}
+
+// request is the round trip c makes.
+func (c call) request() request {
+	return request{key: c.e.prefix + c.key, nowArg: c.nowArg, n: c.n}
+}
+
+// finish reads the outcome of c's round trip, text or err: the script's
+// decision, which the deny cache then learns, or the fallback's when Redis
+// left the call undecided, or the error.
+func (c call) finish(ctx context.Context, text string, err error) (Reply, error) {
+	e := c.e
 	if err != nil {
-		if r, ok := e.fallback(ctx, key, n, err); ok {
-			return r, false, nil
+		if r, ok := e.fallback(ctx, c.key, c.n, err); ok {
+			return r, nil
 		}
-		return Reply{}, false, e.redisError(ctx, key, "", err)
+		return Reply{}, e.redisError(ctx, c.key, "", err)
 	}
-	r, err = ParseReplyText(text)
+	r, err := ParseReplyText(text)
 	if err == nil && r.Strategy >= e.policies {
 		err = fmt.Errorf("script reply names strategy %d of %d", r.Strategy, e.policies)
 	}
 	if err != nil {
 		// A reply no decision can be read from: Redis's, like a failure.
-		if r, ok := e.fallback(ctx, key, n, err); ok {
-			return r, false, nil
+		if r, ok := e.fallback(ctx, c.key, c.n, err); ok {
+			return r, nil
 		}
-		return Reply{}, false, fmt.Errorf("redlimit: %s: %w", e.algorithm, err)
+		return Reply{}, fmt.Errorf("redlimit: %s: %w", e.algorithm, err)
 	}
 	if e.cache != nil {
-		answered := now
+		answered := c.now
 		if e.clock == nil {
 			answered = time.Now()
 		}
-		e.cache.store(key, n, r, now, answered, generation)
+		e.cache.store(c.key, c.n, r, c.now, answered, c.generation)
 	}
-	return r, false, nil
+	return r, nil
 }
 
 // now reads the limiter's clock: the time and the script's ARGV[1] for it,
@@ -191,23 +226,39 @@ func (e *Engine) now() (time.Time, any, error) {
 // them used (stricter, never looser). It drops the key's cached denials
 // in this limiter.
 func (e *Engine) Refund(ctx context.Context, key, token string, k int) (Reply, int, error) {
-	if err := CheckArgs(ErrInvalidArgument, e.algorithm, ctx, key); err != nil {
-		return Reply{}, 0, err
-	}
-	if !validToken(token) {
-		return Reply{}, 0, Errorf(ErrInvalidArgument, "redlimit: %s: refund: the grant carries no token a script made", e.algorithm)
-	}
-	start := time.Now()
-	_, nowArg, err := e.now()
+	req, err := e.refundRequest(ctx, key, token, k)
 	if err != nil {
 		return Reply{}, 0, err
 	}
+	start := time.Now()
 	// Before and after, as around a Reset: a decision in flight across the
 	// refund may have read the state before it and must not cache its
 	// denial.
 	e.forget(key)
 	defer e.forget(key)
-	text, err := e.guardedRun(ctx, request{key: e.prefix + key, nowArg: nowArg, refund: "-" + strconv.Itoa(k) + ":" + token})
+	text, err := e.guardedRun(ctx, req)
+	return e.refunded(ctx, key, k, start, text, err)
+}
+
+// refundRequest checks a refund of k permits of the grant of key named
+// token and returns its round trip.
+func (e *Engine) refundRequest(ctx context.Context, key, token string, k int) (request, error) {
+	if err := CheckArgs(ErrInvalidArgument, e.algorithm, ctx, key); err != nil {
+		return request{}, err
+	}
+	if !validToken(token) {
+		return request{}, Errorf(ErrInvalidArgument, "redlimit: %s: refund: the grant carries no token a script made", e.algorithm)
+	}
+	_, nowArg, err := e.now()
+	if err != nil {
+		return request{}, err
+	}
+	return request{key: e.prefix + key, nowArg: nowArg, refund: "-" + strconv.Itoa(k) + ":" + token}, nil
+}
+
+// refunded reads the outcome of a refund's round trip, started at start,
+// and tells the observer.
+func (e *Engine) refunded(ctx context.Context, key string, k int, start time.Time, text string, err error) (Reply, int, error) {
 	var r Reply
 	given := 0
 	if err == nil {

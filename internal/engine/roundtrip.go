@@ -99,22 +99,34 @@ func (t *roundTrip) run(ctx context.Context, req request) (string, error) {
 		}
 		return text, nil
 	}
-	const keyPos = 3 // EVALSHA sha numkeys key ...
-	args := make([]any, 6+len(t.args))
-	args[0], args[1], args[2], args[3], args[4], args[5] = "evalsha", t.sha, 1, key, nowArg, n
-	copy(args[6:], t.args)
-	cmd := redis.NewStringCmd(ctx, args...)
-	cmd.SetFirstKeyPos(keyPos)
+	cmd := t.scriptCmd(ctx, req, false)
 	_ = t.proc.Process(ctx, cmd)
 	text, err := cmd.Result()
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		args[0], args[1] = "eval", t.src
-		cmd = redis.NewStringCmd(ctx, args...)
-		cmd.SetFirstKeyPos(keyPos)
+		cmd = t.scriptCmd(ctx, req, true)
 		_ = t.proc.Process(ctx, cmd)
 		text, err = cmd.Result()
 	}
 	return text, err
+}
+
+// scriptCmd returns the prepared command of a decision or refund request:
+// EVALSHA, or EVAL of the script's source when source is set.
+func (t *roundTrip) scriptCmd(ctx context.Context, req request, source bool) *redis.StringCmd {
+	var n any = req.n
+	if req.refund != "" {
+		n = req.refund
+	}
+	const keyPos = 3 // EVALSHA sha numkeys key ...
+	args := make([]any, 6+len(t.args))
+	args[0], args[1], args[2], args[3], args[4], args[5] = "evalsha", t.sha, 1, req.key, req.nowArg, n
+	if source {
+		args[0], args[1] = "eval", t.src
+	}
+	copy(args[6:], t.args)
+	cmd := redis.NewStringCmd(ctx, args...)
+	cmd.SetFirstKeyPos(keyPos)
+	return cmd
 }
 
 // guardedRun is run behind the breaker: it fails at once while the breaker
