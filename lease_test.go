@@ -2,11 +2,15 @@ package redlimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/engine"
@@ -123,5 +127,219 @@ func TestConcurrencyAgreesWithModel(t *testing.T) {
 			"extend allowed true, same grant false", "extend allowed false, same grant true"} {
 			require.NotZero(t, seen[outcome], "the traces never saw %q: %v", outcome, seen)
 		}
+	})
+}
+
+// TestConcurrencyHoldersNeverExceedLimit: 200 goroutines over 4 clients
+// (4 processes' worth of connection pools and limiters) take leases on one
+// key and hold them for random times. The number in flight, counted by the
+// test itself between Acquire's return and the Release, never exceeds the
+// limit; and no lease is lost: at rest the key admits limit again.
+func TestConcurrencyHoldersNeverExceedLimit(t *testing.T) {
+	const (
+		limit      = 7
+		clients    = 4
+		goroutines = 50 // per client
+		attempts   = 5  // per goroutine
+	)
+	offset := testseed.Offset(t)
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		limiters := make([]*Concurrency, clients)
+		for i := range limiters {
+			rdb := redis.NewClient(b.rdb.Options())
+			t.Cleanup(func() { rdb.Close() })
+			c, err := NewConcurrency(rdb, limit, time.Minute)
+			require.NoError(t, err)
+			limiters[i] = c
+		}
+		var inFlight, most, granted atomic.Int64
+		errs := make(chan error, clients*goroutines*attempts)
+		var wg sync.WaitGroup
+		for i, c := range limiters {
+			for g := range goroutines {
+				wg.Go(func() {
+					r := rand.New(rand.NewPCG(offset, uint64(i*goroutines+g)))
+					for range attempts {
+						lease, err := c.Acquire(ctx, "hot")
+						if err != nil {
+							if !errors.Is(err, ErrAcquireFailed) {
+								errs <- err
+							}
+							time.Sleep(time.Duration(r.IntN(500)) * us)
+							continue
+						}
+						granted.Add(1)
+						now := inFlight.Add(1)
+						for seen := most.Load(); now > seen && !most.CompareAndSwap(seen, now); seen = most.Load() {
+						}
+						time.Sleep(time.Duration(r.IntN(2000)) * us)
+						inFlight.Add(-1)
+						if err := lease.Release(ctx); err != nil {
+							errs <- err
+						}
+					}
+				})
+			}
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err, "every Acquire and Release must be decided")
+		}
+		require.LessOrEqual(t, most.Load(), int64(limit), "leases in flight at once")
+		require.Greater(t, granted.Load(), int64(limit), "released places must be taken again")
+		res, err := limiters[0].AllowN(ctx, "hot", limit)
+		require.NoError(t, err)
+		require.True(t, res.Allowed, "at rest, every place released: the key admits %d leases again, got %+v", limit, res)
+	})
+}
+
+// TestConcurrencyCrashedHolderComesBack: leases of a client that closed
+// without releasing them hold their places until their lease period
+// passes, then no longer; a release or extend of a lapsed lease never
+// frees or takes another holder's place.
+func TestConcurrencyCrashedHolderComesBack(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		b.keepKeys()
+		ctx := context.Background()
+		clock := newClock()
+		crashed := redis.NewClient(b.rdb.Options())
+		gone, err := NewConcurrency(crashed, 3, time.Second, WithClock(clock.Now))
+		require.NoError(t, err)
+		for range 3 {
+			_, err := gone.Acquire(ctx, "k")
+			require.NoError(t, err)
+		}
+		require.NoError(t, crashed.Close())
+
+		c, err := NewConcurrency(b.rdb, 3, time.Second, WithClock(clock.Now))
+		require.NoError(t, err)
+		_, err = c.Acquire(ctx, "k")
+		var denial *ViolationStrategyError
+		require.ErrorAs(t, err, &denial, "the crashed client's leases still hold their places")
+		require.Equal(t, ViolationStrategyError{Limit: 3, Window: time.Second, RetryAfter: time.Second}, *denial)
+		clock.Advance(time.Second - us)
+		_, err = c.Acquire(ctx, "k")
+		require.ErrorAs(t, err, &denial, "a microsecond before the leases lapse")
+		require.Equal(t, us, denial.RetryAfter)
+		clock.Advance(us)
+
+		old, err := c.Acquire(ctx, "k")
+		require.NoError(t, err, "the crashed client's places came back after one lease")
+		clock.Advance(time.Second) // old lapses too
+		for range 3 {
+			_, err := c.Acquire(ctx, "k")
+			require.NoError(t, err, "a full key again, of live holders")
+		}
+		require.NoError(t, old.Release(ctx), "releasing a lapsed lease is not an error")
+		res, err := c.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		require.Zero(t, res.Remaining, "releasing a lapsed lease freed another holder's place")
+		err = old.Extend(ctx)
+		require.ErrorIs(t, err, ErrInvalidArgument, "Extend after Release never takes a place")
+	})
+}
+
+// TestLeaseReleaseAndExtend: Extend keeps a lease live another period from
+// now; Release frees its place once, however often it is called; a lapsed
+// lease extended is taken afresh when there is room, denied when not.
+func TestLeaseReleaseAndExtend(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		b.keepKeys()
+		ctx := context.Background()
+		clock := newClock()
+		c, err := NewConcurrency(b.rdb, 1, 100*ms, WithClock(clock.Now))
+		require.NoError(t, err)
+		first, err := c.Acquire(ctx, "k")
+		require.NoError(t, err)
+		clock.Advance(60 * ms)
+		require.NoError(t, first.Extend(ctx))
+		clock.Advance(60 * ms) // past the first period, within the extended one
+		_, err = c.Acquire(ctx, "k")
+		var denial *ViolationStrategyError
+		require.ErrorAs(t, err, &denial, "the extended lease is live")
+		require.Equal(t, 40*ms, denial.RetryAfter, "it lapses a period after the Extend")
+
+		require.NoError(t, first.Release(ctx))
+		require.NoError(t, first.Release(ctx), "Release is idempotent")
+		second, err := c.Acquire(ctx, "k")
+		require.NoError(t, err, "the released place is free")
+		res, err := c.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		require.Zero(t, res.Remaining, "a second Release freed nothing more")
+
+		clock.Advance(100 * ms) // second lapses
+		require.NoError(t, second.Extend(ctx), "a lapsed lease is taken afresh when there is room")
+		_, err = c.Acquire(ctx, "k")
+		require.ErrorIs(t, err, ErrAcquireFailed, "the lease taken afresh holds the place")
+
+		other, err := NewConcurrency(b.rdb, 1, 100*ms, WithClock(clock.Now))
+		require.NoError(t, err)
+		clock.Advance(100 * ms)
+		third, err := other.Acquire(ctx, "k")
+		require.NoError(t, err)
+		err = second.Extend(ctx)
+		require.ErrorAs(t, err, &denial, "a lapsed lease of a full key")
+		require.Equal(t, ViolationStrategyError{Limit: 1, Window: 100 * ms, RetryAfter: 100 * ms}, *denial)
+		require.NoError(t, third.Release(ctx))
+		_, err = c.Acquire(ctx, "k")
+		require.NoError(t, err, "only the third lease held the place")
+	})
+}
+
+// TestConcurrencyBadConfig: bad limits and leases are ErrInvalidConfig
+// naming the field, and so is a fallback that cannot extend leases.
+func TestConcurrencyBadConfig(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer rdb.Close()
+	for _, tc := range []struct {
+		limit int
+		lease time.Duration
+		opts  []Option
+		field string
+	}{
+		{0, time.Second, nil, "limit 0"},
+		{-1, time.Second, nil, "limit -1"},
+		{MaxConcurrencyLimit + 1, time.Second, nil, "limit 10001"},
+		{1, time.Millisecond - time.Microsecond, nil, "lease 999µs"},
+		{1, 0, nil, "lease 0s"},
+		{1, time.Second, []Option{WithFallback(&FixedWindow{})}, "WithFallback(*redlimit.FixedWindow)"},
+	} {
+		_, err := NewConcurrency(rdb, tc.limit, tc.lease, tc.opts...)
+		require.ErrorIs(t, err, ErrInvalidConfig, tc.field)
+		require.ErrorContains(t, err, tc.field)
+	}
+}
+
+// TestConcurrencyDenyCacheDropsOnRelease: a release through this limiter,
+// or another in the process on the same keys, drops the key's cached
+// denial: the next Acquire goes to Redis and gets the freed place.
+func TestConcurrencyDenyCacheDropsOnRelease(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		var local atomic.Int64
+		observe := WithObserver(func(d Decision) {
+			if d.Local {
+				local.Add(1)
+			}
+		})
+		c, err := NewConcurrency(b.rdb, 1, time.Minute, WithDenyCache(10), observe)
+		require.NoError(t, err)
+		peer, err := NewConcurrency(b.rdb, 1, time.Minute, WithDenyCache(10), observe)
+		require.NoError(t, err)
+
+		held, err := c.Acquire(ctx, "k")
+		require.NoError(t, err)
+		for _, l := range []*Concurrency{c, peer, c, peer} {
+			_, err := l.Acquire(ctx, "k")
+			require.ErrorIs(t, err, ErrAcquireFailed)
+		}
+		require.EqualValues(t, 2, local.Load(), "the second denial of each limiter is the cache's")
+
+		require.NoError(t, held.Release(ctx))
+		_, err = peer.Acquire(ctx, "k")
+		require.NoError(t, err, "the peer's cached denial went with the release")
+		require.EqualValues(t, 2, local.Load())
 	})
 }
