@@ -31,13 +31,12 @@ const MaxConcurrencyLimit = 10_000
 // releases them, and ExtendGrant extends them.
 //
 // A denial's RetryAfter is the time until enough live leases lapse (a
-// release may come sooner); Result.ResetAfter is the time until the last
+// release may come sooner), and its ViolationStrategyError has no Window; Result.ResetAfter is the time until the last
 // live lease lapses. Durations are counted on the caller's clock (the
 // Redis server's TIME, or WithClock's). docs/concurrency.md tells what a
 // crash, a Redis failover and a clock step do to live leases.
 type Concurrency struct {
 	limiter
-	lease time.Duration
 	// extender is the fallback's ExtendGrant, for leases it granted.
 	extender grantExtender
 	// clock is WithClock's, which the fallback decides on (nil: none).
@@ -75,12 +74,13 @@ func NewConcurrency(rdb redis.Scripter, limit int, lease time.Duration, opts ...
 		script:    concurrencyScript,
 		args:      []any{limit, leaseUS},
 		limits:    []int{limit},
-		windows:   []time.Duration{lease},
+		// A concurrency limit has no window: its denials say "limit N".
+		windows: []time.Duration{0},
 	}, opts)
 	if err != nil {
 		return nil, err
 	}
-	c := &Concurrency{limiter: l, lease: lease}
+	c := &Concurrency{limiter: l}
 	var o options // newLimiter checked them
 	for _, opt := range opts {
 		opt(&o)
@@ -125,7 +125,7 @@ func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
 		if res, ok := r.Fallback.(Result); ok {
 			return nil, l.fallbackDenial(res)
 		}
-		return nil, &ViolationStrategyError{Limit: l.limits[0], Window: c.lease, RetryAfter: r.RetryAfter}
+		return nil, &ViolationStrategyError{Limit: l.limits[0], RetryAfter: r.RetryAfter}
 	}
 	res := l.result(r, key, 1)
 	if res.Grant.N() == 0 {
@@ -267,7 +267,7 @@ func (l *Lease) Extend(ctx context.Context) error {
 		return err
 	}
 	if !res.Allowed {
-		return &ViolationStrategyError{Limit: res.Limit, Window: l.c.lease, RetryAfter: res.RetryAfter}
+		return &ViolationStrategyError{Limit: res.Limit, RetryAfter: res.RetryAfter}
 	}
 	l.grant = res.Grant
 	return nil

@@ -21,7 +21,6 @@ import (
 // leases it took (Grant.Refund) and ExtendGrant extends them.
 type Concurrency struct {
 	limit, leaseUS int64
-	lease          time.Duration
 	store          *store[concurrencyState]
 }
 
@@ -58,7 +57,7 @@ func NewConcurrency(limit int, lease time.Duration, opts ...Option) (*Concurrenc
 	if err != nil {
 		return nil, err
 	}
-	l := &Concurrency{limit: int64(limit), leaseUS: leaseUS, lease: lease}
+	l := &Concurrency{limit: int64(limit), leaseUS: leaseUS}
 	l.store = newStore(o, l.used)
 	return l, nil
 }
@@ -299,7 +298,7 @@ func (l *Concurrency) Allow(ctx context.Context, key string) (redlimit.Result, e
 // period: nil when allowed, a *redlimit.ViolationStrategyError (matching
 // redlimit.ErrAcquireFailed) when denied.
 func (l *Concurrency) TryAcquire(ctx context.Context, key string) error {
-	return tryAcquire(ctx, l, key, func(redlimit.Result) time.Duration { return l.lease })
+	return tryAcquire(ctx, l, key, func(redlimit.Result) time.Duration { return 0 }) // no window
 }
 
 // Reset forgets every lease of key.
