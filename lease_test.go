@@ -440,3 +440,29 @@ func TestConcurrencyNil(t *testing.T) {
 	require.ErrorIs(t, l.Release(ctx), ErrInvalidArgument)
 	require.ErrorIs(t, l.Extend(ctx), ErrInvalidArgument)
 }
+
+// TestConcurrencySharedKeyLongerLease: under one WithPrefix, a
+// configuration of short leases whose clock is behind by more than its
+// own lease reads another's long lease as live for as long as it was
+// granted, not as a clock gone wrong that ends it within the short lease.
+func TestConcurrencySharedKeyLongerLease(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		b.keepKeys()
+		ctx := context.Background()
+		clock, behind := newClock(), newClock()
+		behind.Advance(-2 * time.Second)
+		long, err := NewConcurrency(b.rdb, 1, time.Hour, WithClock(clock.Now), WithPrefix("shared:"))
+		require.NoError(t, err)
+		short, err := NewConcurrency(b.rdb, 1, time.Second, WithClock(behind.Now), WithPrefix("shared:"))
+		require.NoError(t, err)
+		held, err := long.Acquire(ctx, "k")
+		require.NoError(t, err)
+		_, err = short.Acquire(ctx, "k")
+		var denial *ViolationStrategyError
+		require.ErrorAs(t, err, &denial, "the hour-long lease is live")
+		require.Equal(t, time.Hour+2*time.Second, denial.RetryAfter, "until it lapses, on the short configuration's clock")
+		require.NoError(t, held.Release(ctx))
+		_, err = short.Acquire(ctx, "k")
+		require.NoError(t, err, "released, the place is the short configuration's")
+	})
+}

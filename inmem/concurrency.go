@@ -65,19 +65,24 @@ func NewConcurrency(limit int, lease time.Duration, opts ...Option) (*Concurrenc
 // leaseView is a key as a call at now sees it.
 type leaseView struct {
 	now, t int64 // the caller's clock and the key's time: max(now, recorded)
-	// wrong: the recorded time is ahead of now by more than a lease, a
-	// clock gone wrong; live leases then lapse a lease from now at most.
+	// windowUS is the longest lease the key holds (its latest expiry less
+	// the recorded time), or this limiter's lease if longer.
+	windowUS int64
+	// wrong: the recorded time is ahead of now by more than windowUS, a
+	// clock gone wrong; live leases then lapse windowUS from now at most.
 	wrong bool
 	live  []int // indices into the state's leases, by effective expiry
 }
 
 func (l *Concurrency) see(s *concurrencyState, now int64) leaseView {
-	v := leaseView{now: now, t: max(now, s.recordedUS), wrong: s.recordedUS > now+l.leaseUS}
+	v := leaseView{now: now, t: max(now, s.recordedUS), windowUS: l.leaseUS}
 	for i, ls := range s.leases {
 		if ls.expiryUS > v.t {
 			v.live = append(v.live, i)
 		}
+		v.windowUS = max(v.windowUS, ls.expiryUS-s.recordedUS)
 	}
+	v.wrong = s.recordedUS > now+v.windowUS
 	slices.SortFunc(v.live, func(a, b int) int {
 		return int(l.effective(v, s.leases[a].expiryUS) - l.effective(v, s.leases[b].expiryUS))
 	})
@@ -87,7 +92,7 @@ func (l *Concurrency) see(s *concurrencyState, now int64) leaseView {
 // effective is the expiry v reads for a live lease's own.
 func (l *Concurrency) effective(v leaseView, expiry int64) int64 {
 	if v.wrong {
-		return min(expiry, v.now+l.leaseUS)
+		return min(expiry, v.now+v.windowUS)
 	}
 	return expiry
 }

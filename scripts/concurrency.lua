@@ -19,9 +19,10 @@
 -- token is "<first>.<n>". Lapsed members are trimmed a few per grant.
 --
 -- The key's time is max(now, recorded). A recorded time ahead of now by
--- more than a lease is a clock gone wrong: the leases live at the key's
--- time then lapse a lease from now at the latest, and a grant or extend
--- writes them so, with now as the recorded time. Denials, n == 0 and
+-- more than the longest lease the key holds (its latest expiry less the
+-- recorded time, or this lease) is a clock gone wrong: the leases live at
+-- the key's time then lapse that long from now at the latest, and a grant
+-- or extend writes them so, with now as the recorded time. Denials, n == 0 and
 -- releases never move the recorded time. Durations are from now.
 --
 -- Reply: "allowed remaining retry reset 0 stable [token]" (µs; retry -1 =
@@ -64,9 +65,15 @@ local now = read_clock()
 local recorded, last_id, meta, foreign = read_state()
 if foreign then return foreign end
 
--- The key's time, and the clock gone wrong.
+-- The key's time, and the clock gone wrong: ahead of now by more than
+-- the longest lease the key holds (another configuration's may be longer).
 local t = math.max(now, recorded)
-local wrong = recorded > now + lease
+local window = lease
+if recorded > now + lease then
+  local latest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  window = math.max(lease, latest[2] - recorded)
+end
+local wrong = recorded > now + window
 
 -- Count: members after the meta, lapsed first (score <= t), then live.
 local lapsed = redis.call('ZCOUNT', key, '(0', string.format('%d', t))
@@ -75,7 +82,7 @@ if meta then live = redis.call('ZCARD', key) - 1 - lapsed end
 
 -- effective is the expiry a call reads for a live lease's own.
 local function effective(expiry)
-  if wrong then return math.min(expiry, now + lease) end
+  if wrong then return math.min(expiry, now + window) end
   return expiry
 end
 
@@ -134,9 +141,9 @@ local function write_time()
   redis.call('ZREMRANGEBYSCORE', key, '(0', string.format('%d', t))
   lapsed = 0
   local capped = {}
-  local over = redis.call('ZRANGEBYSCORE', key, string.format('(%d', now + lease), '+inf')
+  local over = redis.call('ZRANGEBYSCORE', key, string.format('(%d', now + window), '+inf')
   for _, member in ipairs(over) do
-    capped[#capped + 1] = now + lease
+    capped[#capped + 1] = now + window
     capped[#capped + 1] = member
   end
   each_chunk('ZADD', capped, 2)

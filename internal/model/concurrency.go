@@ -11,10 +11,11 @@ import (
 // Extend. A grant of n takes n leases that lapse together.
 //
 // The key's time is max(now, recorded), where recorded is the time of the
-// latest grant or extend. A recorded time ahead of now by more than
-// leaseUS is a clock gone wrong: the leases live at the recorded time
-// count as live until now + leaseUS at most (stricter for at most a lease,
-// never looser), and a grant or extend writes them so, with now as the
+// latest grant or extend. A recorded time ahead of now by more than the
+// longest lease the key holds (its latest expiry less the recorded time,
+// or leaseUS: configurations sharing a key may differ) is a clock gone
+// wrong: the leases live at the recorded time count as live for that long
+// from now at most (stricter for at most a lease, never looser), and a grant or extend writes them so, with now as the
 // recorded time. Denials, n == 0 and releases never move the recorded time.
 // Every duration in a Result is counted from now, the caller's clock.
 type Concurrency struct {
@@ -67,20 +68,25 @@ func (m *Concurrency) Clone() Model {
 
 // view is the key as a call at nowUS sees it.
 type concurrencyView struct {
-	now, t int64 // the caller's clock and the key's time
-	wrong  bool  // the recorded time is ahead of now by more than a lease
-	live   []int64
+	now, t   int64 // the caller's clock and the key's time
+	windowUS int64 // the longest lease the key holds, or this lease
+	wrong    bool  // the recorded time is ahead of now by more than windowUS
+	live     []int64
 }
 
 // see returns the view at nowUS: the live leases' ids, ordered by their
 // expiry as this call reads it (effective).
 func (m *Concurrency) see(nowUS int64) concurrencyView {
-	v := concurrencyView{now: nowUS, t: max(nowUS, m.recordedUS), wrong: m.recordedUS > nowUS+m.leaseUS}
+	v := concurrencyView{now: nowUS, t: max(nowUS, m.recordedUS), windowUS: m.leaseUS}
 	for id, e := range m.expiries {
 		if e > v.t {
 			v.live = append(v.live, id)
 		}
+		// The longest lease the key holds: another configuration's may be
+		// longer than this one's.
+		v.windowUS = max(v.windowUS, e-m.recordedUS)
 	}
+	v.wrong = m.recordedUS > nowUS+v.windowUS
 	sort.Slice(v.live, func(i, j int) bool {
 		ei, ej := m.effective(v, v.live[i]), m.effective(v, v.live[j])
 		return ei < ej || ei == ej && v.live[i] < v.live[j]
@@ -89,17 +95,18 @@ func (m *Concurrency) see(nowUS int64) concurrencyView {
 }
 
 // effective is the expiry of live lease id as v reads it: its own, or at
-// most a lease from now when the clock went wrong.
+// most the longest lease from now when the clock went wrong.
 func (m *Concurrency) effective(v concurrencyView, id int64) int64 {
 	if v.wrong {
-		return min(m.expiries[id], v.now+m.leaseUS)
+		return min(m.expiries[id], v.now+v.windowUS)
 	}
 	return m.expiries[id]
 }
 
 // writeTime returns the time a grant or extend at v writes from, after
 // rebasing the state on the caller's timeline when the clock went wrong:
-// lapsed leases go, live ones lapse a lease from now at the latest.
+// lapsed leases go, live ones lapse the longest lease from now at the
+// latest.
 func (m *Concurrency) writeTime(v concurrencyView) int64 {
 	if !v.wrong {
 		return v.t
