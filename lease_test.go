@@ -80,7 +80,8 @@ func TestConcurrencyAgreesWithModel(t *testing.T) {
 			}
 			for step := range 80 {
 				now := clock.Now().UnixMicro()
-				if m.ClockWrong(now) {
+				wrong := m.ClockWrong(now)
+				if wrong {
 					seen["clock gone wrong"]++
 				}
 				what := fmt.Sprintf("seed %d step %d at %dµs", seed, step, now-epoch.UnixMicro())
@@ -95,6 +96,9 @@ func TestConcurrencyAgreesWithModel(t *testing.T) {
 					want := m.Step(now, int64(n))
 					wantModel(t, want, res, fmt.Sprintf("%s: AllowN(%d)", what, n))
 					seen[fmt.Sprintf("AllowN allowed %v", want.Allowed)]++
+					if want.GrantID != 0 && wrong {
+						seen["grant on a clock gone wrong"]++
+					}
 					if want.GrantID != 0 {
 						grants[want.GrantID] = res.Grant
 						ids = append(ids, want.GrantID)
@@ -127,7 +131,7 @@ func TestConcurrencyAgreesWithModel(t *testing.T) {
 		}
 		for _, outcome := range []string{"clock gone wrong", "AllowN allowed true", "AllowN allowed false",
 			"release freed some true", "release freed some false", "extend allowed true, same grant true",
-			"extend allowed true, same grant false", "extend allowed false, same grant true"} {
+			"extend allowed true, same grant false", "extend allowed false, same grant true", "grant on a clock gone wrong"} {
 			require.NotZero(t, seen[outcome], "the traces never saw %q: %v", outcome, seen)
 		}
 	})

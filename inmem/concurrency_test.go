@@ -53,7 +53,8 @@ func TestConcurrencyAgreesWithModel(t *testing.T) {
 		var ids []int64
 		for step := range 80 {
 			now := clock.Now().UnixMicro()
-			if m.ClockWrong(now) {
+			wrong := m.ClockWrong(now)
+			if wrong {
 				seen["clock gone wrong"]++
 			}
 			what := fmt.Sprintf("seed %d step %d", seed, step)
@@ -68,6 +69,9 @@ func TestConcurrencyAgreesWithModel(t *testing.T) {
 				want := m.Step(now, int64(n))
 				wantLeaseModel(t, want, res, fmt.Sprintf("%s: AllowN(%d)", what, n))
 				seen[fmt.Sprintf("allowed %v", want.Allowed)]++
+				if want.GrantID != 0 && wrong {
+					seen["grant on a clock gone wrong"]++
+				}
 				if want.GrantID != 0 {
 					grants[want.GrantID], ids = res.Grant, append(ids, want.GrantID)
 				}
@@ -94,7 +98,7 @@ func TestConcurrencyAgreesWithModel(t *testing.T) {
 	}
 	for _, outcome := range []string{"clock gone wrong", "allowed true", "allowed false",
 		"release freed some true", "release freed some false", "extend allowed true, same grant true",
-		"extend allowed true, same grant false", "extend allowed false, same grant true"} {
+		"extend allowed true, same grant false", "extend allowed false, same grant true", "grant on a clock gone wrong"} {
 		require.NotZero(t, seen[outcome], "the traces never saw %q: %v", outcome, seen)
 	}
 }
