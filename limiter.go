@@ -191,7 +191,7 @@ type options struct {
 // WithPrefix sets the Redis key prefix: the key of a call is exactly
 // prefix + key, and limiters given the same prefix share state on purpose.
 // Without it the prefix is redlimit:<algorithm>:<config>:, where algorithm
-// is fw, sw, sl, lb or tb and config is a 6-character fingerprint of the
+// is fw, sw, sl, lb, tb or cc (Concurrency) and config is a 6-character fingerprint of the
 // configuration, so that two limiters that decide differently never meet on
 // a key (each limiter's RedisKey method tells the key of a call).
 func WithPrefix(prefix string) Option {
@@ -251,7 +251,7 @@ func WithName(name string) Option {
 // Decision is what an observer sees of one call.
 type Decision struct {
 	// Algorithm is "fixed_window", "sliding_window", "sliding_log",
-	// "leaky_bucket" or "token_bucket".
+	// "leaky_bucket", "token_bucket" or "concurrency".
 	Algorithm string
 	// Key is the caller's key, without prefix.
 	Key string
@@ -302,7 +302,7 @@ type limiter struct {
 // spec is what an algorithm's constructor hands newLimiter.
 type spec struct {
 	algorithm string
-	code      string // in the default key: fw, sw, sl, lb or tb
+	code      string // in the default key: fw, sw, sl, lb, tb or cc
 	format    int    // version of the state's layout in Redis, see defaultPrefix
 	script    script
 	args      []any
