@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -286,4 +287,269 @@ func modelResult(r model.Result) Result {
 		want.RetryAfter = Never
 	}
 	return want
+}
+
+// Refunds (DESIGN "Grants and refunds") against the model: random traces
+// of grants, denials, n == 0 and partial refunds, some of them retried or
+// summing past their grant, some of grants whose window has closed, with
+// the clock going back now and then. Every Result, and every later one,
+// is the model's: exact where the window still counts the permits.
+func TestFixedWindowRefundTracesMatchModel(t *testing.T) {
+	t.Parallel()
+	offset := testseed.Offset(t)
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		b.keepKeys()
+		for trace := range shortOr(4, 10) {
+			seed := uint64(trace) + offset
+			rng := rand.New(rand.NewPCG(seed, 35))
+			limit := 2 + rng.IntN(30)
+			window := time.Duration(1+rng.IntN(2000)) * time.Millisecond
+			W := window.Microseconds()
+			clock := newClock()
+			l, err := NewFixedWindow(b.rdb, limit, window, WithClock(clock.Now))
+			require.NoError(t, err)
+			m := model.NewFixedWindow(int64(limit), W)
+			key := fmt.Sprintf("refund%d", trace)
+			type grant struct {
+				g  Grant
+				id int64
+			}
+			var grants []grant
+			for i := range 300 {
+				var stepUS int64
+				switch p := rng.IntN(100); {
+				case p < 40:
+				case p < 80:
+					stepUS = rng.Int64N(W/8 + 1)
+				case p < 90:
+					stepUS = -rng.Int64N(W/4 + 1)
+				default:
+					stepUS = rng.Int64N(2 * W)
+				}
+				clock.now = clock.now.Add(time.Duration(stepUS) * time.Microsecond)
+				where := fmt.Sprintf("trace %d (seed %d), %d per %v, call %d at %v", trace, seed, limit, window, i, clock.now.Sub(epoch))
+				if len(grants) > 0 && rng.IntN(3) == 0 {
+					// A refund of a recent grant, or any.
+					j := len(grants) - 1 - rng.IntN(min(len(grants), 4))
+					if rng.IntN(4) == 0 {
+						j = rng.IntN(len(grants))
+					}
+					g := grants[j]
+					k := 1 + rng.IntN(g.g.N())
+					require.NoError(t, g.g.Refund(ctx, k), where)
+					m.Refund(clock.now.UnixMicro(), g.id, int64(k))
+				}
+				n := rng.IntN(limit/2 + 2)
+				got, err := l.AllowN(ctx, key, n)
+				require.NoError(t, err, where)
+				want := m.Step(clock.now.UnixMicro(), int64(n))
+				require.Equal(t, modelResult(want), withoutGrant(got), "%s: n=%d", where, n)
+				require.Equal(t, want.GrantID != 0, got.Grant.N() != 0, "%s: a grant has a Grant", where)
+				if want.GrantID != 0 {
+					require.Equal(t, n, got.Grant.N(), where)
+					grants = append(grants, grant{got.Grant, want.GrantID})
+				}
+			}
+		}
+	})
+}
+
+// A refund gives back into the window that counted the grant, at most
+// once: the same refund twice gives nothing more, refunds of one grant
+// give back the largest any asked for, and nothing once the window closed.
+// It changes neither the window's end nor the key's TTL.
+func TestFixedWindowRefundAtMostOnce(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		clock := newClock()
+		l, err := NewFixedWindow(b.rdb, 10, time.Minute, WithClock(clock.Now))
+		require.NoError(t, err)
+		remaining := func() int {
+			r, err := l.AllowN(ctx, "k", 0)
+			require.NoError(t, err)
+			return r.Remaining
+		}
+		first, err := l.AllowN(ctx, "k", 4)
+		require.NoError(t, err)
+		clock.Advance(10 * time.Second)
+		second, err := l.AllowN(ctx, "k", 5)
+		require.NoError(t, err)
+		require.Equal(t, 1, second.Remaining)
+		ttl := b.rdb.PTTL(ctx, keyPrefix(l)+"k").Val()
+
+		for _, c := range []struct {
+			g    Grant
+			n    int
+			want int
+			what string
+		}{
+			{second.Grant, 2, 3, "2 of the second grant's 5"},
+			{second.Grant, 2, 3, "the same refund again: nothing more"},
+			{second.Grant, 1, 3, "less than already given back: nothing"},
+			{second.Grant, 5, 6, "5 in all: 3 more"},
+			{second.Grant, 5, 6, "all 5 again: nothing"},
+			{first.Grant, 1, 7, "1 of the first grant's 4"},
+		} {
+			require.NoError(t, c.g.Refund(ctx, c.n), c.what)
+			assert.Equal(t, c.want, remaining(), c.what)
+		}
+		r, err := l.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		assert.Equal(t, 50*time.Second, r.ResetAfter, "the window still ends a minute after its start")
+		assert.LessOrEqual(t, b.rdb.PTTL(ctx, keyPrefix(l)+"k").Val(), ttl, "the TTL is not extended")
+		assert.Positive(t, b.rdb.PTTL(ctx, keyPrefix(l)+"k").Val(), "the key keeps a TTL")
+
+		require.ErrorIs(t, first.Grant.Refund(ctx, 5), ErrInvalidArgument, "more than the grant took")
+		require.ErrorIs(t, first.Grant.Refund(ctx, 0), ErrInvalidArgument)
+		require.ErrorIs(t, Grant{}.Refund(ctx, 1), ErrInvalidArgument)
+
+		// A refund from a clock behind the key's time gives back into the
+		// key's window.
+		clock.Advance(-20 * time.Second)
+		require.NoError(t, first.Grant.Refund(ctx, 2))
+		clock.Advance(20 * time.Second)
+		assert.Equal(t, 8, remaining(), "2 of the first grant in all")
+
+		// The window closes: a new one opens, and the first window's
+		// grants give nothing back into it.
+		clock.Advance(50 * time.Second)
+		third, err := l.AllowN(ctx, "k", 10)
+		require.NoError(t, err)
+		require.True(t, third.Allowed, "a new window")
+		require.NoError(t, first.Grant.Refund(ctx, 4))
+		assert.Equal(t, 0, remaining(), "a grant of a closed window gives nothing")
+		require.NoError(t, third.Grant.Refund(ctx, 10))
+		assert.Equal(t, 10, remaining(), "the open window's grant gives back")
+		r, err = l.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		assert.Equal(t, time.Minute, r.ResetAfter, "a window emptied by refunds stays open until its end")
+	})
+}
+
+// The records of at most 16 refunded grants a window: a 17th drops the
+// oldest's, and that grant gives nothing more (stricter, never looser).
+func TestFixedWindowRefundRecordsBounded(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		clock := newClock()
+		l, err := NewFixedWindow(b.rdb, 100, time.Minute, WithClock(clock.Now))
+		require.NoError(t, err)
+		var grants []Grant
+		for range 20 {
+			r, err := l.AllowN(ctx, "k", 2)
+			require.NoError(t, err)
+			require.True(t, r.Allowed)
+			grants = append(grants, r.Grant)
+		}
+		for _, g := range grants[:17] {
+			require.NoError(t, g.Refund(ctx, 1))
+		}
+		r, err := l.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		require.Equal(t, 100-40+17, r.Remaining, "17 refunds of 1")
+		for i, g := range grants[:17] {
+			require.NoError(t, g.Refund(ctx, 1), "retry %d", i)
+		}
+		require.NoError(t, grants[0].Refund(ctx, 2))
+		require.NoError(t, grants[1].Refund(ctx, 2))
+		r, err = l.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		assert.Equal(t, 100-40+17+1, r.Remaining,
+			"retries give nothing; the oldest grant's record is gone and it gives nothing more; the second gives its other permit")
+		require.NoError(t, grants[18].Refund(ctx, 2))
+		r, err = l.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		assert.Equal(t, 100-40+17+1+2, r.Remaining, "a grant after the horizon still gives back")
+	})
+}
+
+// Refunds on a key two configurations share (WithPrefix), by either: the
+// key is left as its twin, on which the refunded grant took that many
+// fewer, for every configuration, now and later.
+func TestFixedWindowSharedRefundAsTwin(t *testing.T) {
+	t.Parallel()
+	offset := testseed.Offset(t)
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		b.keepKeys()
+		for trace := range 16 {
+			seed := uint64(trace) + offset
+			rng := rand.New(rand.NewPCG(seed, 36))
+			clock := newClock()
+			prefix := fmt.Sprintf("refundtwin:%d:", trace)
+			type config struct {
+				limit  int
+				window time.Duration
+			}
+			configs := []config{
+				{4 + rng.IntN(8), time.Duration(1+rng.IntN(10)) * time.Second},
+				{4 + rng.IntN(8), time.Duration(10+rng.IntN(60)) * time.Second},
+			}
+			limiterAt := func(c config, at time.Time) Limiter {
+				l, err := NewFixedWindow(b.rdb, c.limit, c.window, WithPrefix(prefix), WithClock(func() time.Time { return at }))
+				require.NoError(t, err)
+				return l
+			}
+			desc := fmt.Sprintf("trace %d (seed %d), configurations %v", trace, seed, configs)
+			for range rng.IntN(12) {
+				clock.Advance(time.Duration(rng.Int64N(int64(8 * time.Second))).Truncate(time.Microsecond))
+				c, n := configs[rng.IntN(2)], 1+rng.IntN(2)
+				for _, key := range []string{"refunded", "twin"} {
+					_, err := limiterAt(c, clock.now).AllowN(ctx, key, n)
+					require.NoError(t, err, desc)
+				}
+			}
+			clock.Advance(time.Duration(rng.Int64N(int64(8 * time.Second))).Truncate(time.Microsecond))
+			by, n := configs[rng.IntN(2)], 2+rng.IntN(3)
+			r, err := limiterAt(by, clock.now).AllowN(ctx, "refunded", n)
+			require.NoError(t, err, desc)
+			if !r.Allowed {
+				continue
+			}
+			k := 1 + rng.IntN(n-1)
+			twin, err := limiterAt(by, clock.now).AllowN(ctx, "twin", n-k)
+			require.NoError(t, err, desc)
+			require.True(t, twin.Allowed, desc)
+			clock.Advance(time.Duration(rng.Int64N(int64(3 * time.Second))).Truncate(time.Microsecond))
+			require.NoError(t, r.Grant.Refund(ctx, k), desc)
+			for _, after := range []time.Duration{0, time.Second, 10 * time.Second, time.Minute} {
+				for _, reader := range configs {
+					l := limiterAt(reader, clock.now.Add(after))
+					got, err := l.AllowN(ctx, "refunded", 0)
+					require.NoError(t, err, desc)
+					want, err := l.AllowN(ctx, "twin", 0)
+					require.NoError(t, err, desc)
+					require.Equal(t, want, got, "%s: +%v after %v's grant of %d gave %d back, %v reads it as the twin",
+						desc, after, by, n, k, reader)
+				}
+			}
+		}
+	})
+}
+
+// A refund on a key that holds a foreign value is ErrForeignState and
+// leaves it; a token of another window, or a key gone, gives nothing.
+func TestFixedWindowRefundForeignAndGone(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		clock := newClock()
+		l, err := NewFixedWindow(b.rdb, 3, time.Minute, WithClock(clock.Now))
+		require.NoError(t, err)
+		r, err := l.AllowN(ctx, "k", 2)
+		require.NoError(t, err)
+		require.NoError(t, l.Reset(ctx, "k"))
+		require.NoError(t, r.Grant.Refund(ctx, 2), "the key is gone: nothing to give back")
+		_, err = b.rdb.Get(ctx, keyPrefix(l)+"k").Result()
+		require.ErrorIs(t, err, redis.Nil, "a refund writes no key")
+
+		r, err = l.AllowN(ctx, "k", 2)
+		require.NoError(t, err)
+		require.NoError(t, b.rdb.Set(ctx, keyPrefix(l)+"k", "foreign", 0).Err())
+		require.ErrorIs(t, r.Grant.Refund(ctx, 1), ErrForeignState)
+		require.Equal(t, "foreign", b.rdb.Get(ctx, keyPrefix(l)+"k").Val())
+	})
 }
