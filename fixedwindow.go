@@ -15,7 +15,9 @@ var fixedWindowScript = loadScript("fixedwindow.lua")
 // across the boundary between two windows.
 //
 // Result.ResetAfter is the time until the window closes, and a denied
-// request's RetryAfter is the same.
+// request's RetryAfter is the same. A Result's Grant gives its permits back
+// into the window that counted them while that window is open, and nothing
+// once it has closed; a window emptied by refunds still closes at its end.
 type FixedWindow struct {
 	limiter
 }

@@ -14,7 +14,7 @@ import (
 // FixedWindow grants at most limit permits per window, in process: a window
 // opens at the first request that finds none open and lasts for the
 // window's length; a denied request, or one for zero permits, opens none.
-// It decides as redlimit.FixedWindow does.
+// It decides, and its Grants refund, as redlimit.FixedWindow does.
 type FixedWindow struct {
 	limit, windowUS int64
 	window          time.Duration
