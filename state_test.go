@@ -157,7 +157,7 @@ func TestTTL(t *testing.T) {
 					require.NoError(t, err)
 					want, err := l.AllowN(ctx, "ttl-fresh", 1)
 					require.NoError(t, err)
-					require.Equal(t, want, got, "after expiry the key must behave like a fresh key")
+					require.Equal(t, withoutGrant(want), withoutGrant(got), "after expiry the key must behave like a fresh key")
 					require.Equal(t, stateBurst-1, got.Remaining, "a fresh key has one burst")
 				}
 			})
@@ -194,7 +194,7 @@ func TestNoExpiryNeeded(t *testing.T) {
 					require.NoError(t, err)
 					want, err := l.AllowN(ctx, "stale-fresh", n)
 					require.NoError(t, err)
-					require.Equal(t, want, got, "AllowN(%d) on a stale key must decide as on a fresh key", n)
+					require.Equal(t, withoutGrant(want), withoutGrant(got), "AllowN(%d) on a stale key must decide as on a fresh key", n)
 				}
 				got, err := l.AllowN(ctx, key, 1)
 				require.NoError(t, err)
@@ -362,6 +362,13 @@ func TestClockBackward(t *testing.T) {
 						got := drain(t, l, key, stateBurst)
 						require.Zero(t, got, "the clock moved %v back: an exhausted key must grant nothing", move)
 
+						// A fixed window's key keeps its time: the window
+						// the burst opened ends on the key's time, which the
+						// moved clock reaches -move later (a real server's
+						// TTL ends it sooner).
+						if alg.name == "fixed_window" {
+							clock.Advance(-move)
+						}
 						clock.Advance(alg.recovery(time.Second) / 2)
 						r, err = l.AllowN(context.Background(), key, 0)
 						require.NoError(t, err)
