@@ -30,6 +30,10 @@ type Config struct {
 	Breaker     *Breaker
 	Unavailable error
 	Fallback    func(ctx context.Context, key string, n int) (Reply, error)
+	// ArgsAt, when set, gives more ARGV, between n and Args, for a call
+	// whose limiter clock (or, without one, the host's) reads now: a
+	// calendar window's period boundaries around it.
+	ArgsAt func(now time.Time) []any
 }
 
 // Event is what the observer is told of one call.
@@ -76,6 +80,7 @@ type Engine struct {
 	prefix    string
 	script    *redis.Script
 	args      []any
+	argsAt    func(now time.Time) []any
 	policies  int
 	clock     func() time.Time
 	cache     *denyCache
@@ -102,6 +107,7 @@ func New(rdb redis.Scripter, cfg Config) *Engine {
 		prefix:    cfg.Prefix,
 		script:    cfg.Script,
 		args:      cfg.Args,
+		argsAt:    cfg.ArgsAt,
 		policies:  max(cfg.Policies, 1),
 		clock:     cfg.Clock,
 		observe:   cfg.Observe,
@@ -144,6 +150,7 @@ type processor interface {
 type request struct {
 	key    string
 	nowArg any
+	args   []any // ArgsAt's, when the engine has it
 	n      int
 	refund string
 	reset  bool
@@ -163,9 +170,9 @@ func (e *Engine) run(ctx context.Context, req request) (string, error) {
 		return "", resetScript.Run(ctx, e.rdb, []string{e.prefix + key}).Err()
 	}
 	if e.proc == nil {
-		args := make([]any, 2+len(e.args))
+		args := make([]any, 2, 2+len(req.args)+len(e.args))
 		args[0], args[1] = nowArg, n
-		copy(args[2:], e.args)
+		args = append(append(args, req.args...), e.args...)
 		v, err := e.script.Run(ctx, e.rdb, []string{e.prefix + key}, args...).Result()
 		if err != nil {
 			return "", err
@@ -177,9 +184,9 @@ func (e *Engine) run(ctx context.Context, req request) (string, error) {
 		return text, nil
 	}
 	const keyPos = 3 // EVALSHA sha numkeys key ...
-	args := make([]any, 6+len(e.args))
+	args := make([]any, 6, 6+len(req.args)+len(e.args))
 	args[0], args[1], args[2], args[3], args[4], args[5] = "evalsha", e.sha, 1, e.prefix+key, nowArg, n
-	copy(args[6:], e.args)
+	args = append(append(args, req.args...), e.args...)
 	cmd := redis.NewStringCmd(ctx, args...)
 	cmd.SetFirstKeyPos(keyPos)
 	_ = e.proc.Process(ctx, cmd)
@@ -230,7 +237,7 @@ func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local 
 		}
 		generation = e.cache.begin(key)
 	}
-	text, err := e.guardedRun(ctx, request{key: key, nowArg: nowArg, n: n})
+	text, err := e.guardedRun(ctx, request{key: key, nowArg: nowArg, n: n, args: e.argsFor(now)})
 	if err != nil {
 		if r, ok := e.fallback(ctx, key, n, err); ok {
 			return r, false, nil
@@ -278,6 +285,18 @@ func (e *Engine) now() (time.Time, any, error) {
 	return time.UnixMicro(us), us, nil
 }
 
+// argsFor returns ArgsAt's ARGV for a call at now (the zero time: the
+// host's clock), or nil when the engine has none.
+func (e *Engine) argsFor(now time.Time) []any {
+	if e.argsAt == nil {
+		return nil
+	}
+	if now.IsZero() {
+		now = time.Now()
+	}
+	return e.argsAt(now)
+}
+
 // Refund gives back permits of the grant of key that the script named
 // token: until k of them in all have been given back (the script keeps
 // what each grant gave back, so a retried refund gives nothing more). It
@@ -295,7 +314,7 @@ func (e *Engine) Refund(ctx context.Context, key, token string, k int) (Reply, i
 		return Reply{}, 0, Errorf(ErrInvalidArgument, "redlimit: %s: refund: the grant carries no token a script made", e.algorithm)
 	}
 	start := time.Now()
-	_, nowArg, err := e.now()
+	now, nowArg, err := e.now()
 	if err != nil {
 		return Reply{}, 0, err
 	}
@@ -304,7 +323,7 @@ func (e *Engine) Refund(ctx context.Context, key, token string, k int) (Reply, i
 	// denial.
 	e.tellPeers(key, nil)
 	defer e.tellPeers(key, nil)
-	text, err := e.guardedRun(ctx, request{key: key, nowArg: nowArg, refund: "-" + strconv.Itoa(k) + ":" + token})
+	text, err := e.guardedRun(ctx, request{key: key, nowArg: nowArg, refund: "-" + strconv.Itoa(k) + ":" + token, args: e.argsFor(now)})
 	var r Reply
 	given := 0
 	if err == nil {
