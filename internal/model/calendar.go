@@ -92,10 +92,11 @@ type CalendarWindow struct {
 	endUS   int64 // the end of the period the state counts
 	grants  map[int64]*calendarGrant
 	lastID  int64
+	state   int64 // names the state: a grant starting one afresh changes it
 }
 
 type calendarGrant struct {
-	firstUS     int64 // the state that counted it
+	state       int64 // the state that counted it
 	took, given int64
 }
 
@@ -108,10 +109,10 @@ func NewCalendarWindow(limit int64, period CalendarPeriod) *CalendarWindow {
 	return &CalendarWindow{limit: limit, period: period, grants: map[int64]*calendarGrant{}}
 }
 
-// Reset forgets the state.
+// Reset forgets the state: no grant of before refunds.
 func (m *CalendarWindow) Reset() {
 	m.count, m.firstUS, m.endUS = 0, 0, 0
-	m.grants = map[int64]*calendarGrant{}
+	m.state++
 }
 
 // at returns the key's time for a call at nowUS, its period, whether the
@@ -148,12 +149,12 @@ func (m *CalendarWindow) Step(nowUS int64, n int64) Result {
 		res.Allowed = true
 		if !counted || wrong {
 			m.count, m.firstUS, m.endUS = used, t, endUS
-			m.grants = map[int64]*calendarGrant{}
+			m.state++
 		}
 		m.count += n
 		used = m.count
 		m.lastID++
-		m.grants[m.lastID] = &calendarGrant{firstUS: m.firstUS, took: n}
+		m.grants[m.lastID] = &calendarGrant{state: m.state, took: n}
 		res.GrantID = m.lastID
 	default:
 		res.RetryAfterUS = endUS - t
@@ -171,7 +172,7 @@ func (m *CalendarWindow) Step(nowUS int64, n int64) Result {
 func (m *CalendarWindow) Refund(nowUS, grantID, k int64) int64 {
 	g := m.grants[grantID]
 	_, _, _, counted, _, wrong := m.at(nowUS)
-	if g == nil || wrong || !counted || g.firstUS != m.firstUS {
+	if g == nil || wrong || !counted || g.state != m.state {
 		return 0
 	}
 	give := max(0, min(k, g.took)-g.given)
