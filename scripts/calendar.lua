@@ -43,11 +43,11 @@
 -- never), the token "<F>.<pos>.<n>" when n > 0 was granted; a refund's:
 -- "1 remaining 0 reset 0 -1 given".
 
-local D16 = '([1-4]' .. string.rep('%d', 15) .. ')'
-local SHORT = '^([1-9]%d-)' .. D16 .. '5$'
-local LONG = '^(%d+) ' .. D16 .. ' ' .. D16 .. ' 5$'
-local REFUNDED = '^(%d+) ' .. D16 .. ' ' .. D16 .. ' (%d+) (%d+) ([%d:,]+) 5$'
-local TOKEN = '^' .. D16 .. '%.(%d+)%.([1-9]%d*)$'
+-- Literal patterns (F and E have 16 digits). The short form's count is
+-- matched shortest first (%d-), as the fixed window's.
+local SHORT = '^([1-9]%d-)([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)5$'
+local LONG = '^(%d+) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) 5$'
+local TOKEN = '^([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)%.(%d+)%.([1-9]%d*)$'
 local NOT_OURS = 'NOTOURS holds %s, not redlimit state; it was left unchanged'
 local MAX_RECORDS = 16
 local UNKNOWN_PERIOD_US = 1000000
@@ -107,8 +107,10 @@ if value then
     end
   else
     count, first, state_end = string.match(value, LONG)
-    if not count then
-      count, first, state_end, next_pos, floor, records = string.match(value, REFUNDED)
+    if not count then -- a refunded state: the pattern is built only here
+      count, first, state_end, next_pos, floor, records = string.match(value,
+        '^(%d+) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) ' ..
+        '([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) (%d+) (%d+) ([%d:,]+) 5$')
     end
     if not count or (records and #records > MAX_RECORDS * 34) then
       return redis.error_reply(string.format(NOT_OURS, 'a string that is not a calendar window'))
