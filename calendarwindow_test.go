@@ -592,3 +592,27 @@ func TestCalendarWindowServerClock(t *testing.T) {
 	}
 	assert.False(t, m.Exists(l.RedisKey("off")), "denials wrote nothing")
 }
+
+// A calendar window is a part of AllowAll like any limiter: granted with
+// the others, and given back when another part denies.
+func TestCalendarWindowInAllowAll(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		clock := &fakeClock{now: time.Date(2026, 5, 10, 12, 0, 0, 0, time.UTC)}
+		month, err := NewCalendarWindow(b.rdb, 10, Monthly(time.UTC, 1), WithClock(clock.Now))
+		require.NoError(t, err)
+		minute, err := NewFixedWindow(b.rdb, 3, time.Minute, WithClock(clock.Now))
+		require.NoError(t, err)
+		parts := []Part{{Limiter: minute, Key: "k"}, {Limiter: month, Key: "k"}}
+		r, err := AllowAll(ctx, 2, parts...)
+		require.NoError(t, err)
+		require.True(t, r.Allowed)
+		r, err = AllowAll(ctx, 2, parts...)
+		require.NoError(t, err)
+		require.False(t, r.Allowed, "the minute's limit denies")
+		m, err := month.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		assert.Equal(t, 8, m.Remaining, "the month's part of the denied call was given back")
+	})
+}

@@ -65,7 +65,8 @@
 // up. Both fields are lists: each middleware adds its policy to them, so
 // two middlewares on one route (give each its own WithPolicyName) show
 // both limits. The outer middleware takes its permit before the inner one
-// decides, also when the inner one then denies. WithLegacyHeaders adds
+// decides, and gives it back when the inner one denies: no limit is
+// charged for a request that was refused. WithLegacyHeaders adds
 // X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset, for the
 // limit with the fewest permits left. The headers are set before the next
 // handler runs, so it may change or remove them.
@@ -75,6 +76,15 @@
 // WithCost makes a limiter a budget of anything a request carries; with
 // BodyCost it is a byte budget, which charges a body of unknown length
 // (chunked) a stated maximum and cuts the body there.
+//
+// # Refunds
+//
+// WithRefundIf gives back what a request took when its response says it
+// should not count (a 5xx: the server failed, not the client), and Settle
+// lets a handler whose cost is known only at the end (an LLM call's
+// tokens) take the most it can cost up front, with WithCost, and give
+// back what it did not use. Both are idempotent: what a request gets back
+// is the most any of them asked for, never more than it took.
 //
 // # Shadow mode
 //

@@ -97,7 +97,7 @@ type config struct {
 	choose        func(*http.Request) string
 	plans         []Plan
 	now           func() time.Time // for X-RateLimit-Reset
-
+	refundIf      func(r *http.Request, status int) bool
 }
 
 // WithKeyFunc sets how a request's key is found. Default: ClientIP(), the
@@ -107,8 +107,11 @@ func WithKeyFunc(fn KeyFunc) Option {
 }
 
 // WithCost sets how many permits a request takes, for limits by weight or
-// size (say, max(r.ContentLength, 0) for an upload limit in bytes; an
-// unknown length is -1). Default: 1.
+// size. For an upload limit in bytes use BodyCost, which also charges a
+// body of unknown length (chunked, ContentLength -1) and cuts it there: a
+// cost of max(r.ContentLength, 0) would let chunked uploads through free.
+// For a cost known only at the end, take the most it can be and Settle
+// the rest. Default: 1.
 // A cost of 0 takes nothing and is always allowed, but the response still
 // carries the headers. A negative cost stops the request with the
 // ErrorHandler (ErrCost). A cost above the limiter's capacity is denied
@@ -439,19 +442,32 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, res))
-	if c.shadow {
+	rctx := context.WithValue(r.Context(), resultKey{}, res)
+	f, _ := rctx.Value(flightKey{}).(*flight)
+	if f == nil {
+		f = &flight{}
+		rctx = context.WithValue(rctx, flightKey{}, f)
+	}
+	r = r.WithContext(rctx)
+	if !c.shadow {
+		p.setHeaders(w.Header(), res, c)
+	}
+	if res.Allowed || c.shadow {
 		if !res.Allowed && c.onDenied != nil {
 			c.onDenied(r, res, false)
 		}
-		h.next.ServeHTTP(w, r)
+		if res.Grant.N() == 0 {
+			h.next.ServeHTTP(w, r)
+			return
+		}
+		ch := &charge{grant: res.Grant, timeout: c.timeout}
+		f.innermost = ch
+		h.serveCharged(w, r, f, ch)
 		return
 	}
-	p.setHeaders(w.Header(), res, c)
-	if res.Allowed {
-		h.next.ServeHTTP(w, r)
-		return
-	}
+	// The middlewares around this one granted the request: they give
+	// their permits back (serveCharged).
+	f.denied = true
 	if c.onDenied != nil {
 		c.onDenied(r, res, true)
 	}
