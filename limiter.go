@@ -191,9 +191,10 @@ type options struct {
 // WithPrefix sets the Redis key prefix: the key of a call is exactly
 // prefix + key, and limiters given the same prefix share state on purpose.
 // Without it the prefix is redlimit:<algorithm>:<config>:, where algorithm
-// is fw, sw, sl, lb, tb or cc (Concurrency) and config is a 6-character fingerprint of the
-// configuration, so that two limiters that decide differently never meet on
-// a key (each limiter's RedisKey method tells the key of a call).
+// is fw, sw, sl, lb, tb, cc (Concurrency) or cw (CalendarWindow) and
+// config is a 6-character fingerprint of the configuration, so that two
+// limiters that decide differently never meet on a key (each limiter's
+// RedisKey method tells the key of a call).
 func WithPrefix(prefix string) Option {
 	return func(o *options) { o.prefix, o.prefixSet = prefix, true }
 }
@@ -251,7 +252,7 @@ func WithName(name string) Option {
 // Decision is what an observer sees of one call.
 type Decision struct {
 	// Algorithm is "fixed_window", "sliding_window", "sliding_log",
-	// "leaky_bucket", "token_bucket" or "concurrency".
+	// "leaky_bucket", "token_bucket", "concurrency" or "calendar_window".
 	Algorithm string
 	// Key is the caller's key, without prefix.
 	Key string
@@ -302,10 +303,15 @@ type limiter struct {
 // spec is what an algorithm's constructor hands newLimiter.
 type spec struct {
 	algorithm string
-	code      string // in the default key: fw, sw, sl, lb, tb or cc
+	code      string // in the default key: fw, sw, sl, lb, tb, cc or cw
 	format    int    // version of the state's layout in Redis, see defaultPrefix
 	script    script
 	args      []any
+	// argsAt gives ARGV before args for a call at a time (see
+	// engine.Config.ArgsAt), and config what argsAt derives them from, in
+	// the fingerprint alone; both nil but for the calendar window.
+	argsAt func(now time.Time) []any
+	config []any
 	// sharedArgs follow args when the limiter has a WithPrefix prefix, and
 	// may share its keys with other configurations; not in the fingerprint.
 	sharedArgs []any
@@ -325,6 +331,9 @@ func defaultPrefix(s spec) string {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%s|%d", s.code, s.format)
 	for _, a := range s.args {
+		fmt.Fprintf(h, "|%v", a)
+	}
+	for _, a := range s.config {
 		fmt.Fprintf(h, "|%v", a)
 	}
 	// 30 bits: two given configurations meet with odds of one in a billion.
@@ -374,6 +383,7 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 		Script:    s.script.Script,
 		Source:    s.script.source,
 		Args:      args,
+		ArgsAt:    s.argsAt,
 		Policies:  len(s.limits),
 		Clock:     o.clock,
 		DenyCache: o.denyCache,

@@ -27,6 +27,10 @@ type Config struct {
 	// could not: see fallback.go.
 	Breaker  *Breaker
 	Fallback func(ctx context.Context, key string, n int) (Reply, error)
+	// ArgsAt, when set, gives more ARGV, between n and Args, for a call
+	// whose limiter clock (or, without one, the host's) reads now: a
+	// calendar window's period boundaries around it.
+	ArgsAt func(now time.Time) []any
 }
 
 // Event is what the observer is told of one call.
@@ -77,6 +81,7 @@ type Engine struct {
 	observe   func(Event)
 	// fallbackFn is Config.Fallback: it decides a call Redis could not.
 	fallbackFn func(ctx context.Context, key string, n int) (Reply, error)
+	argsAt     func(now time.Time) []any // Config.ArgsAt
 }
 
 // DefaultMinDeadline is the least time a round trip gets when the limiter
@@ -93,6 +98,7 @@ func New(rdb redis.Scripter, cfg Config) *Engine {
 		clock:      cfg.Clock,
 		observe:    cfg.Observe,
 		fallbackFn: cfg.Fallback,
+		argsAt:     cfg.ArgsAt,
 	}
 	if cfg.DenyCache > 0 {
 		e.cache = newDenyCache(cfg.DenyCache, cfg.Capacity)
@@ -164,7 +170,19 @@ func (e *Engine) begin(ctx context.Context, key string, n int) (c call, r Reply,
 
 // request is the round trip c makes.
 func (c call) request() request {
-	return request{key: c.e.prefix + c.key, nowArg: c.nowArg, n: c.n}
+	return request{key: c.e.prefix + c.key, nowArg: c.nowArg, n: c.n, args: c.e.argsFor(c.now)}
+}
+
+// argsFor returns ArgsAt's ARGV for a call at now (the zero time: the
+// host's clock), or nil when the engine has none.
+func (e *Engine) argsFor(now time.Time) []any {
+	if e.argsAt == nil {
+		return nil
+	}
+	if now.IsZero() {
+		now = time.Now()
+	}
+	return e.argsAt(now)
 }
 
 // finish reads the outcome of c's round trip, text or err: the script's
@@ -249,11 +267,11 @@ func (e *Engine) refundRequest(ctx context.Context, key, token string, k int) (r
 	if !validToken(token) {
 		return request{}, Errorf(ErrInvalidArgument, "redlimit: %s: refund: the grant carries no token a script made", e.algorithm)
 	}
-	_, nowArg, err := e.now()
+	now, nowArg, err := e.now()
 	if err != nil {
 		return request{}, err
 	}
-	return request{key: e.prefix + key, nowArg: nowArg, refund: "-" + strconv.Itoa(k) + ":" + token}, nil
+	return request{key: e.prefix + key, nowArg: nowArg, refund: "-" + strconv.Itoa(k) + ":" + token, args: e.argsFor(now)}, nil
 }
 
 // refunded reads the outcome of a refund's round trip, started at start,

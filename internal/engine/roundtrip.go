@@ -68,6 +68,7 @@ type processor interface {
 type request struct {
 	key    string // the Redis key: the limiter's prefix and the caller's key
 	nowArg any
+	args   []any // Config.ArgsAt's, when the limiter has it
 	n      int
 	refund string
 	reset  bool
@@ -87,9 +88,9 @@ func (t *roundTrip) run(ctx context.Context, req request) (string, error) {
 		return "", resetScript.Run(ctx, t.rdb, []string{key}).Err()
 	}
 	if t.proc == nil {
-		args := make([]any, 2+len(t.args))
+		args := make([]any, 2, 2+len(req.args)+len(t.args))
 		args[0], args[1] = nowArg, n
-		copy(args[2:], t.args)
+		args = append(append(args, req.args...), t.args...)
 		v, err := t.script.Run(ctx, t.rdb, []string{key}, args...).Result()
 		if err != nil {
 			return "", err
@@ -119,12 +120,12 @@ func (t *roundTrip) scriptCmd(ctx context.Context, req request, source bool) *re
 		n = req.refund
 	}
 	const keyPos = 3 // EVALSHA sha numkeys key ...
-	args := make([]any, 6+len(t.args))
+	args := make([]any, 6, 6+len(req.args)+len(t.args))
 	args[0], args[1], args[2], args[3], args[4], args[5] = "evalsha", t.sha, 1, req.key, req.nowArg, n
 	if source {
 		args[0], args[1] = "eval", t.src
 	}
-	copy(args[6:], t.args)
+	args = append(append(args, req.args...), t.args...)
 	cmd := redis.NewStringCmd(ctx, args...)
 	cmd.SetFirstKeyPos(keyPos)
 	return cmd
