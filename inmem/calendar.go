@@ -33,15 +33,8 @@ type calendarState struct {
 	firstUS int64 // the key's time: the state's first grant
 	endUS   int64 // the end of the period counted
 	next    int64 // permits granted since firstUS: the next grant's position
-	floor   int64 // grants before it give nothing back
-	records []refundRecord
+	refunds
 }
-
-// refundRecord is what a refunded grant, at position pos, gave back.
-type refundRecord struct{ pos, given int64 }
-
-// maxRefundRecords bounds the refund records of a key, as the script does.
-const maxRefundRecords = 16
 
 var _ redlimit.Limiter = (*CalendarWindow)(nil)
 
@@ -176,35 +169,22 @@ func (l *CalendarWindow) RefundGrant(ctx context.Context, key, token string, too
 	}
 	s := e.state
 	v := l.view(&s, now)
-	if !v.counted || v.wrong || s.firstUS != firstUS || pos < s.floor || pos+grantN > s.next {
+	if !v.counted || v.wrong || s.firstUS != firstUS || pos+grantN > s.next {
 		return nil
 	}
-	had, at := int64(0), -1
-	for i, rec := range s.records {
-		if rec.pos == pos {
-			had, at = rec.given, i
-		}
+	// A grant is named by the position after its last permit: never 0,
+	// and grants are disjoint, so the oldest has the lowest.
+	end := pos + grantN
+	had, ok := s.refunds.given(end)
+	if !ok {
+		return nil
 	}
 	give := min(min(int64(n), grantN)-had, s.count)
 	if give <= 0 {
 		return nil
 	}
 	s.count -= give
-	s.records = append([]refundRecord(nil), s.records...) // s shares e's until put
-	if at >= 0 {
-		s.records = append(s.records[:at], s.records[at+1:]...)
-	}
-	s.records = append(s.records, refundRecord{pos: pos, given: had + give})
-	if len(s.records) > maxRefundRecords {
-		oldest := 0
-		for i, rec := range s.records {
-			if rec.pos < s.records[oldest].pos {
-				oldest = i
-			}
-		}
-		s.floor = s.records[oldest].pos + 1
-		s.records = append(s.records[:oldest], s.records[oldest+1:]...)
-	}
+	s.refunds.record(end, had+give)
 	sh.put(l.store, key, e, s, now, max(1, s.endUS-now))
 	return nil
 }

@@ -1,10 +1,8 @@
 package inmem
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/redlimit/redlimit"
@@ -31,18 +29,9 @@ type fixedWindowState struct {
 	// window, what each refunded grant gave back (by the position of its
 	// last permit), at most maxRefundRecords of them, and the position at
 	// or before which grants give nothing.
-	given   int64
-	records []refundRecord
-	horizon int64
+	given int64
+	refunds
 }
-
-// refundRecord is what refunds of one grant gave back: the position of
-// its last permit in its window, and the permits.
-type refundRecord struct{ at, back int64 }
-
-// maxRefundRecords is the most refunded grants a window remembers, as in
-// the script.
-const maxRefundRecords = 16
 
 var (
 	_ redlimit.Limiter = (*FixedWindow)(nil)
@@ -171,13 +160,12 @@ func (l *FixedWindow) refund(s *fixedWindowState, now int64, token string, k int
 		return 0
 	}
 	_, _, wrong, open := l.at(s, now)
-	if !open || wrong || start != s.startUS || at <= s.horizon || at > s.count+s.given {
+	if !open || wrong || start != s.startUS || at > s.count+s.given {
 		return 0
 	}
-	i := slices.IndexFunc(s.records, func(r refundRecord) bool { return r.at == at })
-	kept := int64(0)
-	if i >= 0 {
-		kept = s.records[i].back
+	kept, ok := s.refunds.given(at)
+	if !ok {
+		return 0
 	}
 	back := min(k, took, kept+s.count) - kept
 	if back <= 0 {
@@ -185,18 +173,7 @@ func (l *FixedWindow) refund(s *fixedWindowState, now int64, token string, k int
 	}
 	s.count -= back
 	s.given += back
-	if i >= 0 {
-		s.records[i].back += back
-		return back
-	}
-	s.records = append(s.records, refundRecord{at: at, back: back})
-	if len(s.records) > maxRefundRecords {
-		oldest := slices.IndexFunc(s.records, func(r refundRecord) bool {
-			return r.at == slices.MinFunc(s.records, func(a, b refundRecord) int { return cmp.Compare(a.at, b.at) }).at
-		})
-		s.horizon = max(s.horizon, s.records[oldest].at)
-		s.records = slices.Delete(s.records, oldest, oldest+1)
-	}
+	s.refunds.record(at, kept+back)
 	return back
 }
 
