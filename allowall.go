@@ -23,7 +23,9 @@ type Part struct {
 // trip (on a Cluster, one pipeline per node, in parallel); in-process
 // parts (package inmem, your own Limiters) are decided first, in order. A
 // part whose denial is in its deny cache answers without a round trip,
-// and then nothing is sent. A denied call has taken nothing when it
+// and then nothing is sent; a part whose limiter holds permits for its key
+// (WithReservation) takes them without a round trip, and its Grant
+// refunds into the reservation like any of its grants. A denied call has taken nothing when it
 // returns: parts granted before the denial was known are refunded, in one
 // more round trip (leases released), so no part is charged for a request
 // that was refused; between the grant and the refund, others may find
@@ -49,29 +51,39 @@ func AllowAll(ctx context.Context, n int, parts ...Part) (Result, error) {
 	results := make([]Result, len(parts))
 	pending := make([]*engine.Pending, len(parts))
 	sent := make([]*engine.Pending, 0, len(parts))
+	local := make([]bool, len(parts)) // answered from a reservation
+	var grants []Grant
+	undo := func() error { return engine.RefundAll(context.WithoutCancel(ctx), grants, n) }
 	for i, p := range parts {
 		rl, ok := p.Limiter.(redisLimiter)
 		if !ok {
 			continue
 		}
 		l := rl.redisCore()
+		if l.reserve != nil {
+			if res, ok := l.reserve.takeLocal(ctx, p.Key, n); ok {
+				res.Part = i
+				results[i], local[i] = res, true
+				grants = append(grants, res.Grant)
+				continue
+			}
+		}
 		pe := l.engine.Begin(ctx, p.Key, n)
 		if pe.Done() {
 			if pe.Err != nil {
-				return Result{}, fmt.Errorf("redlimit: AllowAll: part %d: %w", i, pe.Err)
+				return Result{}, undone(fmt.Errorf("redlimit: AllowAll: part %d: %w", i, pe.Err), undo())
 			}
-			// A cached denial: nothing was taken anywhere yet.
+			// A cached denial: nothing was taken but from reservations,
+			// which take their permits back without a round trip.
 			res := l.result(pe.Reply, p.Key, n)
 			res.Part = i
-			return res, nil
+			return res, undone(nil, undo())
 		}
 		pending[i] = pe
 		sent = append(sent, pe)
 	}
-	var grants []Grant
-	undo := func() error { return engine.RefundAll(context.WithoutCancel(ctx), grants, n) }
 	for i, p := range parts {
-		if pending[i] != nil {
+		if pending[i] != nil || local[i] {
 			continue
 		}
 		res, err := p.Limiter.AllowN(ctx, p.Key, n)

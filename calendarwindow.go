@@ -169,6 +169,19 @@ func (l *CalendarWindow) Reset(ctx context.Context, key string) error {
 	return l.core().Reset(ctx, key)
 }
 
+// Close returns every permit the limiter's reservations hold
+// (WithReservation) at once, in one round trip per Redis client (per 256
+// keys), and stops reserving: later calls are decided one by one, as
+// without the option, and Grants handed out before refund to Redis. Call
+// it when the process stops taking requests (a deploy), so that other
+// processes get the permits back now rather than after the hold. It
+// returns the refunds' errors, if any (those permits then stay used until
+// Redis no longer counts them). Without WithReservation it has nothing to
+// return and returns nil. Safe to call more than once.
+func (l *CalendarWindow) Close(ctx context.Context) error {
+	return l.core().closeReservations(ctx)
+}
+
 // RedisKey returns the Redis key that holds key's state: the limiter's
 // prefix followed by key ("" for a nil limiter).
 func (l *CalendarWindow) RedisKey(key string) string {

@@ -186,6 +186,10 @@ type options struct {
 	observer     func(Decision)
 	name         string
 	outage       outageOptions // unavailable.go
+	// WithReservation's (reservation.go).
+	reserveBatch int
+	reserveHold  time.Duration
+	reserveSet   bool
 }
 
 // WithPrefix sets the Redis key prefix: the key of a call is exactly
@@ -264,7 +268,9 @@ type Decision struct {
 	Err error
 	// Latency is the time the call took, round trip included.
 	Latency time.Duration
-	// Local reports a denial answered by the deny cache, without a round trip.
+	// Local reports a call answered without a round trip of its own: a
+	// denial by the deny cache, or a grant from permits a reservation
+	// holds (WithReservation).
 	Local bool
 	// Fallback reports a call that Redis could not decide and the
 	// WithFallback limiter did: Result is the fallback's own, Err is nil.
@@ -298,6 +304,14 @@ type limiter struct {
 	// nilType and nilConstructor name the type and its constructor when
 	// this stands for a nil *FixedWindow, *TokenBucket, ... (methods.go).
 	nilType, nilConstructor string
+	// reserve is WithReservation's, or nil (reservation.go).
+	reserve *reserver
+	// capacity is the most permits one request can ever get.
+	capacity int
+	// algorithm, name and observer tell observers of the calls a
+	// reservation answers (the engine tells of the others).
+	algorithm, name string
+	observer        func(Decision)
 }
 
 // spec is what an algorithm's constructor hands newLimiter.
@@ -376,7 +390,21 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 		prefix = o.prefix
 		args = append(slices.Clip(args), s.sharedArgs...)
 	}
-	l := limiter{limits: s.limits, windows: s.windows, fallback: o.outage.fallback, prefix: prefix}
+	l := limiter{limits: s.limits, windows: s.windows, fallback: o.outage.fallback, prefix: prefix,
+		capacity: slices.Min(s.limits), algorithm: s.algorithm, name: o.name, observer: o.observer}
+	var rule reserveRule
+	if o.reserveSet {
+		var err error
+		if rule, err = reserveRuleOf(s); err != nil {
+			return limiter{}, err
+		}
+		if o.reserveBatch < 2 {
+			return limiter{}, engine.Errorf(ErrInvalidConfig, "redlimit: %s: WithReservation batch %d: must be at least 2", s.algorithm, o.reserveBatch)
+		}
+		if o.reserveHold < time.Millisecond {
+			return limiter{}, engine.Errorf(ErrInvalidConfig, "redlimit: %s: WithReservation hold %v: must be at least 1ms", s.algorithm, o.reserveHold)
+		}
+	}
 	cfg := engine.Config{
 		Algorithm: s.algorithm,
 		Prefix:    prefix,
@@ -402,6 +430,11 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 		}
 	}
 	l.engine = engine.New(rdb, cfg)
+	if o.reserveSet {
+		l.reserve = newReserver(nil, o.reserveBatch, o.reserveHold, rule, o.clock)
+		core := l // what the reserver decides through: the same engine
+		l.reserve.l = &core
+	}
 	return l, nil
 }
 
@@ -445,6 +478,18 @@ func (l *limiter) TryAcquire(ctx context.Context, key string) error {
 	if err := l.built(); err != nil {
 		return err
 	}
+	if l.reserve != nil {
+		res, fromFallback, err := l.reserve.allowN(ctx, key, 1)
+		switch {
+		case err != nil:
+			return err
+		case res.Allowed:
+			return nil
+		case fromFallback:
+			return l.fallbackDenial(res)
+		}
+		return &ViolationStrategyError{Limit: res.Limit, Window: l.windowOf(res.Limit), RetryAfter: res.RetryAfter}
+	}
 	r, err := l.engine.Decide(ctx, key, 1)
 	if err != nil {
 		return err
@@ -456,6 +501,47 @@ func (l *limiter) TryAcquire(ctx context.Context, key string) error {
 		return l.fallbackDenial(l.result(r, key, 1)) // unavailable.go
 	}
 	return &ViolationStrategyError{Limit: l.limits[r.Strategy], Window: l.windows[r.Strategy], RetryAfter: r.RetryAfter}
+}
+
+// decide is AllowN without a reservation: one round trip (or the deny
+// cache, or the fallback). fromFallback reports the fallback's Result.
+func (l *limiter) decide(ctx context.Context, key string, n int) (Result, bool, error) {
+	res, r, err := l.decideReply(ctx, key, n)
+	return res, r.FromFallback, err
+}
+
+// decideReply is decide, with the engine's reply.
+func (l *limiter) decideReply(ctx context.Context, key string, n int) (Result, engine.Reply, error) {
+	r, err := l.engine.Decide(ctx, key, n)
+	if err != nil {
+		return Result{}, engine.Reply{}, err
+	}
+	return l.result(r, key, n), r, nil
+}
+
+// tell tells the observer, if any, of a call a reservation decided,
+// started at start: local when answered without a round trip of its own;
+// r is the fallback's reply when it decided.
+func (l *limiter) tell(ctx context.Context, key string, n int, res Result, err error, start time.Time, local bool, r engine.Reply) {
+	if l.observer == nil {
+		return
+	}
+	l.observer(Decision{Algorithm: l.algorithm, Key: key, N: n, Result: res, Err: err, Latency: time.Since(start), Local: local,
+		Fallback: r.FromFallback, Cause: r.Cause, Shadow: ctx != nil && IsShadow(ctx), Limiter: l.name})
+}
+
+// tellLocal tells the observer of a call answered from held permits.
+func (l *limiter) tellLocal(ctx context.Context, key string, n int, res Result, start time.Time) {
+	l.tell(ctx, key, n, res, nil, start, true, engine.Reply{})
+}
+
+// tellRefund tells the observer of a refund into held permits: n is the
+// refund's, res the reservation's state.
+func (l *limiter) tellRefund(ctx context.Context, key string, n int, res Result) {
+	if l.observer == nil {
+		return
+	}
+	l.observer(Decision{Algorithm: l.algorithm, Key: key, N: n, Result: res, Local: true, Refund: true, Shadow: IsShadow(ctx), Limiter: l.name})
 }
 
 // built returns an error for a limiter that no constructor made: a zero
@@ -502,6 +588,10 @@ func (l *limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 	if err := l.built(); err != nil {
 		return Result{}, err
 	}
+	if l.reserve != nil {
+		res, _, err := l.reserve.allowN(ctx, key, n)
+		return res, err
+	}
 	r, err := l.engine.Decide(ctx, key, n)
 	if err != nil {
 		return Result{}, err
@@ -515,7 +605,24 @@ func (l *limiter) Reset(ctx context.Context, key string) error {
 	if err := l.built(); err != nil {
 		return err
 	}
+	if l.reserve != nil && ctx != nil {
+		l.reserve.forget(key)
+	}
 	return l.engine.Reset(ctx, key)
+}
+
+// closeReservations is the limiters' Close (methods.go).
+func (l *limiter) closeReservations(ctx context.Context) error {
+	if err := l.built(); err != nil {
+		return err
+	}
+	if ctx == nil {
+		return engine.Errorf(ErrInvalidArgument, "redlimit: %s: Close: nil context (use context.Background())", l.algorithm)
+	}
+	if l.reserve == nil {
+		return nil
+	}
+	return l.reserve.close(ctx)
 }
 
 //go:embed scripts/*.lua

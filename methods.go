@@ -41,6 +41,19 @@ func (l *FixedWindow) Reset(ctx context.Context, key string) error {
 	return l.core().Reset(ctx, key)
 }
 
+// Close returns every permit the limiter's reservations hold
+// (WithReservation) at once, in one round trip per Redis client (per 256
+// keys), and stops reserving: later calls are decided one by one, as
+// without the option, and Grants handed out before refund to Redis. Call
+// it when the process stops taking requests (a deploy), so that other
+// processes get the permits back now rather than after the hold. It
+// returns the refunds' errors, if any (those permits then stay used until
+// Redis no longer counts them). Without WithReservation it has nothing to
+// return and returns nil. Safe to call more than once.
+func (l *FixedWindow) Close(ctx context.Context) error {
+	return l.core().closeReservations(ctx)
+}
+
 // RedisKey returns the Redis key that holds key's state: the limiter's
 // prefix followed by key ("" for a nil limiter).
 func (l *FixedWindow) RedisKey(key string) string {
@@ -81,6 +94,19 @@ func (l *SlidingWindow) AllowN(ctx context.Context, key string, n int) (Result, 
 // Reset forgets all state of key, in Redis and in the deny cache.
 func (l *SlidingWindow) Reset(ctx context.Context, key string) error {
 	return l.core().Reset(ctx, key)
+}
+
+// Close returns every permit the limiter's reservations hold
+// (WithReservation) at once, in one round trip per Redis client (per 256
+// keys), and stops reserving: later calls are decided one by one, as
+// without the option, and Grants handed out before refund to Redis. Call
+// it when the process stops taking requests (a deploy), so that other
+// processes get the permits back now rather than after the hold. It
+// returns the refunds' errors, if any (those permits then stay used until
+// Redis no longer counts them). Without WithReservation it has nothing to
+// return and returns nil. Safe to call more than once.
+func (l *SlidingWindow) Close(ctx context.Context) error {
+	return l.core().closeReservations(ctx)
 }
 
 // RedisKey returns the Redis key that holds key's state: the limiter's
@@ -125,6 +151,19 @@ func (l *SlidingLog) Reset(ctx context.Context, key string) error {
 	return l.core().Reset(ctx, key)
 }
 
+// Close returns every permit the limiter's reservations hold
+// (WithReservation) at once, in one round trip per Redis client (per 256
+// keys), and stops reserving: later calls are decided one by one, as
+// without the option, and Grants handed out before refund to Redis. Call
+// it when the process stops taking requests (a deploy), so that other
+// processes get the permits back now rather than after the hold. It
+// returns the refunds' errors, if any (those permits then stay used until
+// Redis no longer counts them). Without WithReservation it has nothing to
+// return and returns nil. Safe to call more than once.
+func (l *SlidingLog) Close(ctx context.Context) error {
+	return l.core().closeReservations(ctx)
+}
+
 // RedisKey returns the Redis key that holds key's state: the limiter's
 // prefix followed by key ("" for a nil limiter).
 func (l *SlidingLog) RedisKey(key string) string {
@@ -167,6 +206,19 @@ func (l *LeakyBucket) Reset(ctx context.Context, key string) error {
 	return l.core().Reset(ctx, key)
 }
 
+// Close returns every permit the limiter's reservations hold
+// (WithReservation) at once, in one round trip per Redis client (per 256
+// keys), and stops reserving: later calls are decided one by one, as
+// without the option, and Grants handed out before refund to Redis. Call
+// it when the process stops taking requests (a deploy), so that other
+// processes get the permits back now rather than after the hold. It
+// returns the refunds' errors, if any (those permits then stay used until
+// Redis no longer counts them). Without WithReservation it has nothing to
+// return and returns nil. Safe to call more than once.
+func (l *LeakyBucket) Close(ctx context.Context) error {
+	return l.core().closeReservations(ctx)
+}
+
 // RedisKey returns the Redis key that holds key's state: the limiter's
 // prefix followed by key ("" for a nil limiter).
 func (l *LeakyBucket) RedisKey(key string) string {
@@ -207,6 +259,19 @@ func (l *TokenBucket) AllowN(ctx context.Context, key string, n int) (Result, er
 // Reset forgets all state of key, in Redis and in the deny cache.
 func (l *TokenBucket) Reset(ctx context.Context, key string) error {
 	return l.core().Reset(ctx, key)
+}
+
+// Close returns every permit the limiter's reservations hold
+// (WithReservation) at once, in one round trip per Redis client (per 256
+// keys), and stops reserving: later calls are decided one by one, as
+// without the option, and Grants handed out before refund to Redis. Call
+// it when the process stops taking requests (a deploy), so that other
+// processes get the permits back now rather than after the hold. It
+// returns the refunds' errors, if any (those permits then stay used until
+// Redis no longer counts them). Without WithReservation it has nothing to
+// return and returns nil. Safe to call more than once.
+func (l *TokenBucket) Close(ctx context.Context) error {
+	return l.core().closeReservations(ctx)
 }
 
 // RedisKey returns the Redis key that holds key's state: the limiter's

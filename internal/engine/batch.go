@@ -81,16 +81,30 @@ func SendAll(ctx context.Context, ps []*Pending) {
 // would), those made by Redis limiters as one batch, and returns every
 // failure, joined.
 func RefundAll(ctx context.Context, grants []Grant, n int) error {
+	ns := make([]int, len(grants))
+	for i := range ns {
+		ns[i] = n
+	}
+	return RefundEach(ctx, grants, ns)
+}
+
+// RefundEach gives back ns[i] permits of grants[i] (as
+// grants[i].Refund(ctx, ns[i]) would; a grant that took fewer is
+// skipped), those made by Redis limiters as one batch, and returns every
+// failure, joined.
+func RefundEach(ctx context.Context, grants []Grant, ns []int) error {
 	var errs []error
 	type refund struct {
 		e    *Engine
 		key  string
+		n    int
 		trip *trip
 	}
 	var refunds []refund
 	var trips []*trip
 	start := time.Now()
-	for _, g := range grants {
+	for i, g := range grants {
+		n := ns[i]
 		if g.src == nil || n > g.n {
 			continue
 		}
@@ -108,13 +122,13 @@ func RefundAll(ctx context.Context, grants []Grant, n int) error {
 		}
 		e.forget(g.key)
 		tr := &trip{t: &e.roundTrip, req: req}
-		refunds = append(refunds, refund{e, g.key, tr})
+		refunds = append(refunds, refund{e, g.key, n, tr})
 		trips = append(trips, tr)
 	}
 	runBatch(ctx, trips)
 	for _, r := range refunds {
 		r.e.forget(r.key)
-		if _, _, err := r.e.refunded(ctx, r.key, n, start, r.trip.text, r.trip.err); err != nil {
+		if _, _, err := r.e.refunded(ctx, r.key, r.n, start, r.trip.text, r.trip.err); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -138,6 +138,10 @@ type call struct {
 	now        time.Time // the limiter's clock, or time.Now with a deny cache
 	nowArg     any       // the script's ARGV[1]
 	generation uint64    // the deny cache's, at begin
+	// fallbackN, when not 0, is what the fallback decides in place of n:
+	// the caller's own permits, of a call that asked Redis for more
+	// (DecideExtra).
+	fallbackN int
 }
 
 // begin checks a decision's arguments and asks the deny cache: local is
@@ -190,8 +194,12 @@ func (e *Engine) argsFor(now time.Time) []any {
 // left the call undecided, or the error.
 func (c call) finish(ctx context.Context, text string, err error) (Reply, error) {
 	e := c.e
+	fallbackN := c.n
+	if c.fallbackN != 0 {
+		fallbackN = c.fallbackN
+	}
 	if err != nil {
-		if r, ok := e.fallback(ctx, c.key, c.n, err); ok {
+		if r, ok := e.fallback(ctx, c.key, fallbackN, err); ok {
 			return r, nil
 		}
 		return Reply{}, e.redisError(ctx, c.key, "", err)
@@ -202,7 +210,7 @@ func (c call) finish(ctx context.Context, text string, err error) (Reply, error)
 	}
 	if err != nil {
 		// A reply no decision can be read from: Redis's, like a failure.
-		if r, ok := e.fallback(ctx, c.key, c.n, err); ok {
+		if r, ok := e.fallback(ctx, c.key, fallbackN, err); ok {
 			return r, nil
 		}
 		return Reply{}, fmt.Errorf("redlimit: %s: %w", e.algorithm, err)
