@@ -473,7 +473,7 @@ func (l *limiter) built() error {
 		return engine.Errorf(ErrInvalidConfig, "redlimit: nil *%s: make it with %s and check the error it returns", l.nilType, l.nilConstructor)
 	}
 	if l.engine == nil {
-		return engine.Errorf(ErrInvalidConfig, "redlimit: limiter is a zero value: make it with its constructor (NewFixedWindow, NewSlidingWindow, NewSlidingLog, NewLeakyBucket or NewTokenBucket)")
+		return engine.Errorf(ErrInvalidConfig, "redlimit: limiter is a zero value: make it with its constructor (NewFixedWindow, NewSlidingWindow, NewSlidingLog, NewLeakyBucket, NewTokenBucket, NewConcurrency or NewCalendarWindow)")
 	}
 	return nil
 }
