@@ -390,3 +390,8 @@ type clockedGrant struct {
 func (c *clockedGrant) RefundGrant(ctx context.Context, _, _ string, _, n int) error {
 	return c.grant.Refund(engine.WithLimiterNow(ctx, c.clock()), n)
 }
+
+// ReleaseGrant releases the fallback's grant's leases, if it holds any.
+func (c *clockedGrant) ReleaseGrant(ctx context.Context, _, _ string, _ int) error {
+	return c.grant.Release(engine.WithLimiterNow(ctx, c.clock()))
+}
