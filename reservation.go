@@ -141,19 +141,20 @@ func (rule reserveRule) until(start time.Time, r engine.Reply, held int) time.Ti
 		return start.Add(r.ResetAfter)
 	case untilBucketEnds:
 		// The bucket that counted the grant ends within the precision of
-		// start on the limiter's clock, and ResetAfter, the time until
-		// that bucket leaves the longest window, tells the same on the
-		// key's: the earlier of the two.
+		// start on the limiter's clock; and the reply tells the same on
+		// the key's: ResetAfter is when that bucket leaves the longest
+		// window, a longest window after it began. The earlier of the two.
 		startUS := start.UnixMicro()
 		end := start.Add(time.Duration(rule.precisionUS-startUS%rule.precisionUS) * time.Microsecond)
-		if byReset := start.Add(r.ResetAfter - time.Duration(rule.longestUS)*time.Microsecond); byReset.Before(end) {
+		if byReset := start.Add(r.ResetAfter - time.Duration(rule.longestUS-rule.precisionUS)*time.Microsecond); byReset.Before(end) {
 			end = byReset
 		}
 		return end
 	case untilFull:
 		// ResetAfter is when the bucket would be full (empty) with every
-		// held permit counted; held fewer make it sooner by the time they
-		// take, rounded up; and a µs less for the rounding of ResetAfter.
+		// held permit counted, rounded up to the µs; held fewer make it
+		// sooner by the time they take, rounded up. Until then, exclusive:
+		// a µs less than the truth at most.
 		hi, lo := bits.Mul64(uint64(held), uint64(rule.perUS))
 		if hi >= uint64(rule.count) {
 			return start
@@ -165,7 +166,7 @@ func (rule reserveRule) until(start time.Time, r engine.Reply, held int) time.Ti
 		if q > uint64(r.ResetAfter/time.Microsecond) {
 			return start
 		}
-		return start.Add(r.ResetAfter - time.Duration(q)*time.Microsecond - time.Microsecond)
+		return start.Add(r.ResetAfter - time.Duration(q)*time.Microsecond)
 	}
 	return start
 }
@@ -238,6 +239,9 @@ type batch struct {
 	start, resetAt time.Time
 	// Guarded by the shard's lock:
 	held     int  // permits not handed out, not claimed
+	// remaining is the least Remaining Redis reported on the key since
+	// the batch: its own, or a later call's of this limiter.
+	remaining int64
 	claimed  int  // permits claimed by waiting calls, not handed out yet
 	retired  bool // hands out nothing more
 	returned int  // permits to give back through grant, in all
@@ -287,8 +291,8 @@ func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, 
 		r.asked += n
 		if b := r.b; b != nil {
 			if b.take(n, now) {
-				sh.mu.Unlock()
 				res := b.result(b.handOut(n), now)
+				sh.mu.Unlock()
 				l.tellLocal(ctx, key, n, res, start)
 				return res, false, nil
 			}
@@ -297,14 +301,28 @@ func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, 
 				r.b = nil
 			}
 		}
-		if f := r.refill; f != nil && !alone && f.extra-f.claimed >= n {
-			f.claimed += n
-			sh.mu.Unlock()
-			res, ok, err := rs.await(ctx, sh, key, n, f, start)
-			if ok || err != nil {
-				return res, false, err
+		if f := r.refill; f != nil && !alone {
+			if f.extra-f.claimed >= n {
+				f.claimed += n
+				sh.mu.Unlock()
+				res, ok, err := rs.await(ctx, sh, key, n, f, start)
+				if ok || err != nil {
+					return res, false, err
+				}
+				continue // no batch came: decide as a new call
 			}
-			continue // no batch came: decide as a new call
+			// More demand than the batch on its way: wait for it, then
+			// ask for the next, sized to the demand seen meanwhile,
+			// rather than each going to Redis.
+			sh.mu.Unlock()
+			select {
+			case <-f.done:
+				continue
+			case <-ctx.Done():
+				err := fmt.Errorf("redlimit: %s: waiting for a reservation's batch: %w", l.algorithm, ctx.Err())
+				l.tell(ctx, key, n, Result{}, err, start, false, engine.Reply{})
+				return Result{}, false, err
+			}
 		}
 		extra := 0
 		if (r.inflight > 0 || r.b != nil) && r.refill == nil && !alone && (r.b != nil || rs.live.Load() < maxReservedKeys) {
@@ -321,6 +339,9 @@ func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, 
 			r.inflight--
 			if err == nil && !reply.FromFallback {
 				r.lastRemaining = reply.Remaining
+				if r.b != nil && reply.Allowed {
+					r.b.remaining = min(r.b.remaining, reply.Remaining)
+				}
 			}
 			rs.tidy(sh, key, r)
 			sh.mu.Unlock()
@@ -355,6 +376,7 @@ func (rs *reserver) fill(ctx context.Context, sh *reserveShard, key string, n in
 	case err != nil:
 	case took == n+f.extra:
 		b = &batch{rs: rs, key: key, grant: engine.NewGrant(l.engine, key, took, reply.Token), took: took, reply: reply, start: began}
+		b.remaining = reply.Remaining
 		b.resetAt = answered.Add(reply.ResetAfter)
 		if rs.clock != nil {
 			b.resetAt = began.Add(reply.ResetAfter)
@@ -378,6 +400,9 @@ func (rs *reserver) fill(ctx context.Context, sh *reserveShard, key string, n in
 	f.b = b
 	close(f.done)
 	rs.tidy(sh, key, r)
+	if b != nil {
+		res = b.result(b.handOut(n), now)
+	}
 	sh.mu.Unlock()
 	switch {
 	case err != nil:
@@ -386,7 +411,6 @@ func (rs *reserver) fill(ctx context.Context, sh *reserveShard, key string, n in
 	case b != nil:
 		// The caller's own permits were granted with the batch, as a
 		// call of its own would have been: no hand-out to time.
-		res := b.result(b.handOut(n), now)
 		l.tell(ctx, key, n, res, nil, start, false, engine.Reply{})
 		return res, false, false, nil
 	case reply.FromFallback:
@@ -435,11 +459,13 @@ func (rs *reserver) await(ctx context.Context, sh *reserveShard, key string, n i
 			rs.queue(b)
 		}
 	}
+	if inTime {
+		res = b.result(b.handOut(n), now)
+	}
 	sh.mu.Unlock()
 	if !inTime {
 		return Result{}, false, nil
 	}
-	res = b.result(b.handOut(n), now)
 	l.tellLocal(ctx, key, n, res, start)
 	return res, true, nil
 }
@@ -470,7 +496,8 @@ func (b *batch) handOut(n int) Grant {
 	return engine.NewGrant(&localGrant{b: b, n: n}, b.key, n, "")
 }
 
-// result is the Result of a call given grant from b at now.
+// result is the Result of a call given grant from b at now. The shard's
+// lock is held.
 func (b *batch) result(grant Grant, now time.Time) Result {
 	reset := max(b.resetAt.Sub(now), 0)
 	if rem := reset % time.Microsecond; rem != 0 {
@@ -479,7 +506,7 @@ func (b *batch) result(grant Grant, now time.Time) Result {
 	return Result{
 		Allowed:    true,
 		Limit:      b.rs.l.limits[b.reply.Strategy],
-		Remaining:  int(b.reply.Remaining),
+		Remaining:  int(b.remaining),
 		ResetAfter: reset,
 		Grant:      grant,
 	}
@@ -513,8 +540,9 @@ func (g *localGrant) RefundGrant(ctx context.Context, key, _ string, _, n int) e
 		g.given = n
 		if !b.retired && !rs.closed.Load() && b.held+b.claimed+delta < rs.batch && now.Before(b.until(b.held+b.claimed+delta)) {
 			b.held += delta
+			res := b.result(Grant{}, now)
 			sh.mu.Unlock()
-			rs.l.tellRefund(ctx, key, n, b.result(Grant{}, now))
+			rs.l.tellRefund(ctx, key, n, res)
 			return nil
 		}
 		b.returned += delta
@@ -633,6 +661,9 @@ func (rs *reserver) refundPending(ctx context.Context) error {
 		grants := make([]Grant, len(chunk))
 		ns := make([]int, len(chunk))
 		for i, b := range chunk {
+			if _, _, token := engine.GrantParts(b.grant); token == "" {
+				continue // a script that keeps no refunds: nothing to give back
+			}
 			sh := rs.shard(b.key)
 			sh.mu.Lock()
 			grants[i], ns[i] = b.grant, b.returned
@@ -699,9 +730,8 @@ func (rs *reserver) takeLocal(ctx context.Context, key string, n int) (Result, b
 		sh.mu.Unlock()
 		return Result{}, false
 	}
-	b := r.b
+	res := r.b.result(r.b.handOut(n), now)
 	sh.mu.Unlock()
-	res := b.result(b.handOut(n), now)
 	rs.l.tellLocal(ctx, key, n, res, start)
 	return res, true
 }

@@ -82,10 +82,11 @@ func (s *stepCounts) span(from, to int) int {
 // stepsPer).
 var reservedAlgorithms = []struct {
 	name    string
+	period  time.Duration
 	new     func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error)
 	allowed func(limit, stepsPer, from, to int) int
 }{
-	{"fixed_window", func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
+	{"fixed_window", time.Second, func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
 		return NewFixedWindow(rdb, limit, period, opts...)
 	}, func(limit, stepsPer, from, to int) int {
 		// Traffic never stops, so windows open at epoch + k periods.
@@ -94,10 +95,20 @@ var reservedAlgorithms = []struct {
 		}
 		return limit
 	}},
-	{"calendar_window", func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
+	{"calendar_window", 24 * time.Hour, func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
 		return NewCalendarWindow(rdb, limit, Daily(time.UTC), opts...)
-	}, nil},
-	{"sliding_window", func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
+	}, func(limit, stepsPer, from, to int) int {
+		// Days begin at UTC midnight, which the steps from epoch cross
+		// between two steps.
+		day := func(step int) time.Time {
+			return epoch.Add(time.Duration(step) * 24 * time.Hour / time.Duration(stepsPer)).UTC().Truncate(24 * time.Hour)
+		}
+		if !day(from).Equal(day(to)) {
+			return 1 << 30
+		}
+		return limit
+	}},
+	{"sliding_window", time.Second, func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
 		return NewSlidingWindow(rdb, limit, period, period/10, opts...)
 	}, func(limit, stepsPer, from, to int) int {
 		if to-from+1 > stepsPer {
@@ -105,7 +116,7 @@ var reservedAlgorithms = []struct {
 		}
 		return limit
 	}},
-	{"sliding_log", func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
+	{"sliding_log", time.Second, func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
 		return NewSlidingLog(rdb, period/10, []Strategy{{Limit: limit, Window: period}, {Limit: 2 * limit, Window: 10 * period}}, opts...)
 	}, func(limit, stepsPer, from, to int) int {
 		switch {
@@ -116,10 +127,10 @@ var reservedAlgorithms = []struct {
 		}
 		return 1 << 30
 	}},
-	{"leaky_bucket", func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
+	{"leaky_bucket", time.Second, func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
 		return NewLeakyBucket(rdb, limit, Rate{Count: limit, Per: period}, opts...)
 	}, bucketAllowed},
-	{"token_bucket", func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
+	{"token_bucket", time.Second, func(rdb redis.Scripter, limit int, period time.Duration, opts ...Option) (Limiter, error) {
 		return NewTokenBucket(rdb, limit, Rate{Count: limit, Per: period}, opts...)
 	}, bucketAllowed},
 }
@@ -137,15 +148,12 @@ func bucketAllowed(limit, stepsPer, from, to int) int {
 // and the processes still get close to the limit.
 func TestReservationNeverExceedsTheLimit(t *testing.T) {
 	for _, alg := range reservedAlgorithms {
-		if alg.allowed == nil {
-			continue // the calendar window has its own test
-		}
 		t.Run(alg.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
 				b.keepKeys()
+				period := alg.period
 				const (
 					limit      = 100
-					period     = time.Second
 					stepsPer   = 10
 					steps      = 40
 					processes  = 4
@@ -214,3 +222,207 @@ func TestReservationNeverExceedsTheLimit(t *testing.T) {
 
 var _ = errors.Is
 var _ = fmt.Sprint
+
+// TestReservationRoundTrips counts the decisions Redis makes for 64
+// goroutines on one hot key: with a batch of 64, at most one call in 8
+// reaches Redis, for every algorithm; every call is allowed.
+func TestReservationRoundTrips(t *testing.T) {
+	for _, alg := range reservedAlgorithms {
+		t.Run(alg.name, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, b backend) {
+				rec := &commandRecorder{}
+				rdb := sameServer(t, b)
+				rdb.AddHook(rec)
+				clock := newAtomicClock()
+				l, err := alg.new(rdb, 1_000_000, alg.period, WithClock(clock.Now), WithReservation(64, time.Minute))
+				require.NoError(t, err)
+				const goroutines, calls = 64, 20
+				var wg sync.WaitGroup
+				var allowed atomic.Int64
+				for g := 0; g < goroutines; g++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for c := 0; c < calls; c++ {
+							res, err := l.Allow(context.Background(), "hot")
+							if err == nil && res.Allowed {
+								allowed.Add(1)
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				require.EqualValues(t, goroutines*calls, allowed.Load(), "every call is allowed")
+				decided := rec.decided(keyPrefix(l) + "hot")
+				require.LessOrEqual(t, decided, goroutines*calls/8, "Redis decisions for %d calls", goroutines*calls)
+				t.Logf("%d calls, %d Redis decisions", goroutines*calls, decided)
+				require.NoError(t, l.(reserving).Close(context.Background()))
+			})
+		})
+	}
+}
+
+// TestReservationNotBusy: calls on a key one at a time cost what they
+// cost without the option: one decision each, nothing held, nothing to
+// refund, and another process sees the key exactly.
+func TestReservationNotBusy(t *testing.T) {
+	for _, alg := range reservedAlgorithms {
+		t.Run(alg.name, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, b backend) {
+				rec := &commandRecorder{}
+				rdb := sameServer(t, b)
+				rdb.AddHook(rec)
+				clock := newAtomicClock()
+				a, err := alg.new(rdb, 1000, alg.period, WithClock(clock.Now), WithReservation(64, time.Minute))
+				require.NoError(t, err)
+				other, err := alg.new(sameServer(t, b), 1000, alg.period, WithClock(clock.Now))
+				require.NoError(t, err)
+				for i := 0; i < 50; i++ {
+					res, err := a.Allow(context.Background(), "calm")
+					require.NoError(t, err)
+					require.True(t, res.Allowed)
+					require.Equal(t, 1000-i-1, res.Remaining, "call %d: Redis's own Result", i)
+				}
+				require.Equal(t, 50, rec.decided(keyPrefix(a)+"calm"), "one round trip per call, and no refund")
+				res, err := other.AllowN(context.Background(), "calm", 0)
+				require.NoError(t, err)
+				require.Equal(t, 950, res.Remaining, "nothing held: another process sees what was granted")
+				require.NoError(t, a.(reserving).Close(context.Background()))
+				require.Equal(t, 50, rec.decided(keyPrefix(a)+"calm"), "Close had nothing to return")
+			})
+		})
+	}
+}
+
+// gate is a go-redis hook that holds the next decision sent after arm
+// until release: a call in flight, for the test to make the key busy.
+type gate struct {
+	mu      sync.Mutex
+	armed   bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g *gate) arm() (entered, release chan struct{}) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.armed, g.entered, g.release = true, make(chan struct{}), make(chan struct{})
+	return g.entered, g.release
+}
+
+func (g *gate) do() {
+	g.mu.Lock()
+	if !g.armed {
+		g.mu.Unlock()
+		return
+	}
+	g.armed = false
+	entered, release := g.entered, g.release
+	g.mu.Unlock()
+	close(entered)
+	<-release
+}
+
+// makeBusy makes key busy on l: a call held in flight by g while another
+// arrives, which takes its permit with a batch of 2 (the demand seen: the
+// two calls). Redis then counts 4 permits, 2 handed out and 2 held.
+func makeBusy(t *testing.T, l Limiter, g *gate, key string) {
+	t.Helper()
+	entered, release := g.arm()
+	done := make(chan error, 1)
+	go func() {
+		res, err := l.Allow(context.Background(), key)
+		if err == nil && !res.Allowed {
+			err = fmt.Errorf("denied: %+v", res)
+		}
+		done <- err
+	}()
+	<-entered
+	res, err := l.Allow(context.Background(), key)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	close(release)
+	require.NoError(t, <-done)
+}
+
+// TestReservationBounds: another process finds the key stricter by the
+// permits held, and no more; it gets them back when the hold passes, and
+// at once on Close. Calls answered from held permits make no round trip
+// and are Decision.Local.
+func TestReservationBounds(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		b.keepKeys()
+		ctx := context.Background()
+		clock := newAtomicClock()
+		g := &gate{}
+		rec := &commandRecorder{}
+		rdb := sameServer(t, b)
+		rdb.AddHook(beforeDecision{do: g.do})
+		rdb.AddHook(rec)
+		var mu sync.Mutex
+		var seen []Decision
+		a, err := NewFixedWindow(rdb, 100, time.Minute, WithClock(clock.Now), WithReservation(10, time.Second),
+			WithObserver(func(d Decision) { mu.Lock(); seen = append(seen, d); mu.Unlock() }))
+		require.NoError(t, err)
+		other, err := NewFixedWindow(sameServer(t, b), 100, time.Minute, WithClock(clock.Now))
+		require.NoError(t, err)
+
+		makeBusy(t, a, g, "k")
+		require.Equal(t, 96, remaining(t, other, "k"), "2 handed out, 2 held: stricter by the 2 held")
+
+		rec.take()
+		mu.Lock()
+		seen = nil
+		mu.Unlock()
+		for i := 0; i < 2; i++ {
+			res, err := a.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.Equal(t, Result{Allowed: true, Limit: 100, Remaining: 96, ResetAfter: time.Minute}, withoutGrant(res), "from the held permits: the batch's Result")
+		}
+		require.Zero(t, rec.scripts(), "held permits answer without a round trip")
+		mu.Lock()
+		require.Len(t, seen, 2)
+		for _, d := range seen {
+			require.True(t, d.Local, "observers see a call answered from held permits as Local: %+v", d)
+		}
+		mu.Unlock()
+		require.Equal(t, 96, remaining(t, other, "k"), "all 4 handed out: exact")
+
+		// Busy still (its batch ran out within the hold): the next call
+		// takes a batch sized to the demand seen, 2 calls and itself.
+		res, err := a.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.Equal(t, 92, res.Remaining, "a batch of 1 + 3")
+		require.Equal(t, 92, remaining(t, other, "k"), "5 handed out, 3 held")
+
+		clock.Advance(time.Second)
+		reserverOf(a).sweep() // the timer, at its time
+		require.Equal(t, 95, remaining(t, other, "k"), "the hold passed: the 3 held are back")
+
+		makeBusy(t, a, g, "k")
+		require.Equal(t, 91, remaining(t, other, "k"), "7 handed out, 2 held")
+		require.NoError(t, a.Close(ctx))
+		require.Equal(t, 93, remaining(t, other, "k"), "Close gives the 2 held back at once")
+		res, err = a.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.Equal(t, 92, res.Remaining, "closed: decided by Redis")
+	})
+}
+
+// TestReservationHoldTimer: without a fake clock, the limiter's timer
+// gives back what is held once the hold passes, with no call on the key.
+func TestReservationHoldTimer(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		g := &gate{}
+		rdb := sameServer(t, b)
+		rdb.AddHook(beforeDecision{do: g.do})
+		a, err := NewFixedWindow(rdb, 100, time.Hour, WithReservation(10, 50*time.Millisecond))
+		require.NoError(t, err)
+		other, err := NewFixedWindow(sameServer(t, b), 100, time.Hour)
+		require.NoError(t, err)
+		makeBusy(t, a, g, "k")
+		require.Equal(t, 96, remaining(t, other, "k"))
+		require.Eventually(t, func() bool { return remaining(t, other, "k") == 98 }, 5*time.Second, 5*time.Millisecond,
+			"the held permits come back after the hold")
+	})
+}
