@@ -238,13 +238,13 @@ type batch struct {
 	// (under WithClock, from start: the limiter's clock is the key's).
 	start, resetAt time.Time
 	// Guarded by the shard's lock:
-	held     int  // permits not handed out, not claimed
+	held int // permits not handed out, not claimed
 	// remaining is the least Remaining Redis reported on the key since
 	// the batch: its own, or a later call's of this limiter.
 	remaining int64
-	claimed  int  // permits claimed by waiting calls, not handed out yet
-	retired  bool // hands out nothing more
-	returned int  // permits to give back through grant, in all
+	claimed   int  // permits claimed by waiting calls, not handed out yet
+	retired   bool // hands out nothing more
+	returned  int  // permits to give back through grant, in all
 }
 
 func newReserver(l *limiter, batch int, hold time.Duration, rule reserveRule, clock func() time.Time) *reserver {
