@@ -203,6 +203,22 @@ type reserver struct {
 type reserveShard struct {
 	mu sync.Mutex
 	m  map[string]*reservation
+	// free keeps reservations tidy forgot, for keys to come: a key that
+	// is not busy then costs no allocation.
+	free []*reservation
+}
+
+// reserveFree is the most reservations a shard keeps for reuse.
+const reserveFree = 8
+
+// newReservation returns an empty reservation. The shard's lock is held.
+func (sh *reserveShard) newReservation() *reservation {
+	if n := len(sh.free); n > 0 {
+		r := sh.free[n-1]
+		sh.free = sh.free[:n-1]
+		return r
+	}
+	return &reservation{lastRemaining: -1}
 }
 
 // reservation is one key's: what is in flight, what is held, the demand.
@@ -277,19 +293,22 @@ func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, 
 	if n <= 0 || ctx == nil || key == "" || len(key) > MaxKeyBytes || rs.closed.Load() || !l.engine.BreakerClosed() {
 		return l.decide(ctx, key, n)
 	}
-	start := time.Now()
+	var start time.Time // for observers' Latency
+	if l.observer != nil {
+		start = time.Now()
+	}
 	sh := rs.shard(key)
 	alone := false // the batch was denied: ask for n alone
 	for {
-		now := rs.now()
 		sh.mu.Lock()
 		r := sh.m[key]
 		if r == nil {
-			r = &reservation{lastRemaining: -1}
+			r = sh.newReservation()
 			sh.m[key] = r
 		}
 		r.asked += n
 		if b := r.b; b != nil {
+			now := rs.now()
 			if b.take(n, now) {
 				res := b.result(b.handOut(n), now)
 				sh.mu.Unlock()
@@ -580,6 +599,10 @@ func (rs *reserver) queue(b *batch) {
 func (rs *reserver) tidy(sh *reserveShard, key string, r *reservation) {
 	if r.inflight == 0 && r.refill == nil && r.b == nil && sh.m[key] == r {
 		delete(sh.m, key)
+		if len(sh.free) < reserveFree {
+			*r = reservation{lastRemaining: -1}
+			sh.free = append(sh.free, r)
+		}
 	}
 }
 

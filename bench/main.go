@@ -157,6 +157,8 @@ func run(f flags) error {
 	rep.Rows = summarize(rows)
 	rep.Floors = floors(rep.Rows)
 	if f.rows != nil {
+		// The targets of the rows run; the others need the whole run.
+		rep.Targets = targets(rep)
 		return rep.write(f)
 	}
 

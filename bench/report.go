@@ -169,7 +169,8 @@ type rowResult struct {
 	CommandsPerDecision   float64   `json:"redis_commands_per_decision"` // every command the server ran, in scripts too
 	RoundTripsPerDecision float64   `json:"round_trips_per_decision"`
 	ScriptUSPerDecision   float64   `json:"script_us_per_decision"`
-	ScriptUSMedian        float64   `json:"script_us_per_decision_median"` // median over rounds: the floors table uses it
+	ScriptUSMedian        float64   `json:"script_us_per_decision_median"`     // median over rounds: the floors table uses it
+	SeqScriptUSMedian     float64   `json:"seq_script_us_per_decision_median"` // the sequential pass's alone
 	ScriptVsReturnOne     float64   `json:"script_us_vs_return1"`
 	AllocsPerOp           float64   `json:"allocs_per_op"`
 	BytesPerOp            float64   `json:"bytes_per_op"`
@@ -191,7 +192,7 @@ func summarize(rows []*row) []rowResult {
 		res := rowResult{
 			Workload: r.workload, Name: r.c.name, Kind: r.c.kind, Algorithm: r.c.algorithm,
 			P50US: median(r.p50), P99US: median(r.p99), DecisionsPerSec: median(r.perSecond),
-			AllocsPerOp: median(r.allocs), BytesPerOp: median(r.bytes), ScriptUSMedian: median(r.scriptUS),
+			AllocsPerOp: median(r.allocs), BytesPerOp: median(r.bytes), ScriptUSMedian: median(r.scriptUS), SeqScriptUSMedian: median(r.seqScriptUS),
 			Decisions: r.decisions, Errors: r.errs, PerSecondRounds: r.perSecond,
 		}
 		if r.decisions > 0 {
@@ -310,6 +311,7 @@ func targets(rep report) []targetResult {
 		out = append(out, targetResult{Target: "hot + WithDenyCache: Redis calls per decision, decisions identical", Subject: d.Algorithm, Measured: r.RoundTripsPerDecision, Want: "<= 0.01 and identical", Pass: pass,
 			Note: fmt.Sprintf("%d/%d decisions identical to uncached (fake clock)", d.SameAllowed, d.Decisions)})
 	}
+	out = append(out, reservationTargets(find)...)
 	for _, rc := range redlimitConstructors {
 		if r := find("autopipeline", "redlimit "+rc.algorithm); r != nil {
 			out = append(out, targetResult{Target: "AutoPipeline decisions/s ÷ autopipelined return 1", Subject: rc.algorithm, Measured: r.VsReturnOne, Want: ">= 0.6", Pass: r.VsReturnOne >= 0.6,
@@ -367,6 +369,7 @@ func (rep report) markdown() string {
 		b.WriteString(adversarialMarkdown(rep.Adversarial))
 	}
 	b.WriteString(floorsMarkdown(rep.Floors))
+	b.WriteString(reservationMarkdown(rep.Rows))
 	if len(rep.Targets) > 0 {
 		p("\n| target | subject | measured | want | result | note |\n|---|---|--:|---|---|---|\n")
 	}

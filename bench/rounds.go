@@ -13,9 +13,13 @@ type row struct {
 	c        contender
 	decide   decider
 	keys     []string
+	// seqKeys are the sequential pass's keys: keys unless the workload
+	// gives that pass keys of its own.
+	seqKeys []string
 
 	p50, p99, perSecond, allocs, bytes []float64 // one per round
 	scriptUS                           []float64 // script µs per decision, one per round
+	seqScriptUS                        []float64 // the same, of the sequential pass alone
 	decisions, allowed, errs           int
 	firstErr                           error
 	server                             serverStats // summed over rounds
@@ -26,6 +30,18 @@ type row struct {
 var (
 	allowLimit = limit{count: 1_000_000, per: time.Minute} // over 1,000 keys: nearly all allowed
 	hotLimit   = limit{count: 100, per: time.Second}       // on one key: nearly all denied
+	// hotAllowLimit is one key that every call of a run finds allowed,
+	// however many rounds -rows runs.
+	hotAllowLimit = limit{count: 1_000_000_000, per: time.Hour}
+)
+
+// reserveBatch and reserveHold are the hot allowed workload's
+// WithReservation: a batch of 64, held for at most 250ms (less than the
+// time between a row's passes in two rounds, so that each sequential pass
+// starts on a key that is not busy).
+const (
+	reserveBatch = 64
+	reserveHold  = 250 * time.Millisecond
 )
 
 const denyCacheSize = 1024
@@ -46,15 +62,22 @@ func (e *environment) buildRows() ([]*row, error) {
 	}
 	cached := hotLimit
 	cached.denyCache = denyCacheSize
+	reserved := hotAllowLimit
+	reserved.batch, reserved.hold = reserveBatch, reserveHold
 	workloads := []struct {
-		name    string
-		client  redis.Scripter
-		nkeys   int
+		name   string
+		tag    string // starts its keys
+		client redis.Scripter
+		nkeys  int
+		// calm: the sequential pass runs on a key of its own, which the
+		// concurrent pass never makes busy (hot allowed).
+		calm    bool
 		entries []entry
 	}{
-		{"allow", e.rdb, 1000, with(allowLimit, ceilings, redlimitContenders(""), peers, floorContenders("allow"))},
-		{"hot", e.rdb, 1, append(with(hotLimit, ceilings, redlimitContenders(""), peers, floorContenders("hot")), with(cached, redlimitContenders(" +deny cache"))...)},
-		{"autopipeline", e.ap, 1000, with(allowLimit, ceilings, redlimitContenders(""), peers)},
+		{"allow", "a", e.rdb, 1000, false, with(allowLimit, ceilings, redlimitContenders(""), peers, floorContenders("allow"))},
+		{"hot", "h", e.rdb, 1, false, append(with(hotLimit, ceilings, redlimitContenders(""), peers, floorContenders("hot")), with(cached, redlimitContenders(" +deny cache"))...)},
+		{"autopipeline", "a", e.ap, 1000, false, with(allowLimit, ceilings, redlimitContenders(""), peers)},
+		{"hot allowed", "H", e.rdb, 1, true, append(with(hotAllowLimit, ceilings, redlimitContenders("")), with(reserved, redlimitContenders(reservedSuffix))...)},
 	}
 	var rows []*row
 	for _, w := range workloads {
@@ -72,7 +95,11 @@ func (e *environment) buildRows() ([]*row, error) {
 			}
 			r := &row{workload: w.name, c: en.c, decide: decide}
 			for k := 0; k < w.nkeys; k++ {
-				r.keys = append(r.keys, fmt.Sprintf("%s%d:%s:%04d", w.name[:1], i, e.run, k))
+				r.keys = append(r.keys, fmt.Sprintf("%s%d:%s:%04d", w.tag, i, e.run, k))
+			}
+			r.seqKeys = r.keys
+			if w.calm {
+				r.seqKeys = []string{fmt.Sprintf("%s%d:%s:calm", w.tag, i, e.run)}
 			}
 			// Warm up: load the script, open connections.
 			for k := 0; k < 50; k++ {
@@ -103,7 +130,14 @@ func (e *environment) rounds(rows []*row) error {
 				return err
 			}
 			rt := e.hook.n.Load()
-			seq := sequential(e.ctx, r.decide, r.keys, e.f.seq)
+			seq := sequential(e.ctx, r.decide, r.seqKeys, e.f.seq)
+			between, err := readStats(e.ctx, e.admin)
+			if err != nil {
+				return err
+			}
+			if d := between.sub(before); seq.ops > 0 {
+				r.seqScriptUS = append(r.seqScriptUS, float64(d.scriptUS)/float64(seq.ops))
+			}
 			conc := concurrent(e.ctx, r.decide, r.keys, e.f.goroutines, e.f.conc)
 			after, err := readStats(e.ctx, e.admin)
 			if err != nil {

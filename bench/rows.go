@@ -26,6 +26,8 @@ type limit struct {
 	per       time.Duration
 	denyCache int              // redlimit only: WithDenyCache size, 0 = off
 	clock     func() time.Time // redlimit only: WithClock, nil = server TIME
+	batch     int              // redlimit only: WithReservation's batch, 0 = off
+	hold      time.Duration    // redlimit only: WithReservation's hold
 }
 
 // contender is one library (or ceiling) the bench compares.
@@ -94,6 +96,9 @@ func newRedlimitLimiter(algorithm string, c redis.Scripter, lim limit) (redlimit
 	if lim.clock != nil {
 		opts = append(opts, redlimit.WithClock(lim.clock))
 	}
+	if lim.batch > 0 {
+		opts = append(opts, redlimit.WithReservation(lim.batch, lim.hold))
+	}
 	for _, rc := range redlimitConstructors {
 		if rc.algorithm == algorithm {
 			return rc.build(c, lim, opts)
@@ -101,6 +106,9 @@ func newRedlimitLimiter(algorithm string, c redis.Scripter, lim limit) (redlimit
 	}
 	return nil, fmt.Errorf("bench: no redlimit algorithm %q", algorithm)
 }
+
+// reservedSuffix names the rows of limiters with WithReservation.
+const reservedSuffix = " +reservation 64"
 
 // redlimitContenders returns one contender per redlimit algorithm; suffix
 // names a variant (" +deny cache").

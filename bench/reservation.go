@@ -1,0 +1,87 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+)
+
+// The hot allowed workload (issue 40): one key that every call finds
+// allowed, each algorithm with and without WithReservation(64, 250ms).
+// Its 64-goroutine pass is a busy key; its sequential pass, one call at a
+// time, a key that is not busy.
+
+// reservationPair is one algorithm's two rows in the hot allowed workload.
+type reservationPair struct {
+	algorithm       string
+	plain, reserved *rowResult
+	ceiling         *rowResult
+}
+
+func reservationPairs(find func(workload, name string) *rowResult) []reservationPair {
+	var out []reservationPair
+	for _, rc := range redlimitConstructors {
+		p := reservationPair{
+			algorithm: rc.algorithm,
+			plain:     find("hot allowed", "redlimit "+rc.algorithm),
+			reserved:  find("hot allowed", "redlimit "+rc.algorithm+reservedSuffix),
+			ceiling:   find("hot allowed", "ceiling EVALSHA return 1"),
+		}
+		if p.plain != nil && p.reserved != nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// reservationTargets checks issue 40's targets: busy, at least 3× the
+// return 1 ceiling's decisions a second with at most 1/8 Redis round trip
+// a decision; not busy, p50 and Redis time within 5% of the limiter
+// without the option.
+func reservationTargets(find func(workload, name string) *rowResult) []targetResult {
+	var out []targetResult
+	for _, p := range reservationPairs(find) {
+		r := p.reserved
+		if p.ceiling != nil {
+			out = append(out, targetResult{Target: "hot allowed +reservation 64: decisions/s (64 goroutines) ÷ return 1", Subject: p.algorithm, Measured: r.VsReturnOne, Want: ">= 3", Pass: r.VsReturnOne >= 3,
+				Note: fmt.Sprintf("%.0f/s; without the option %.0f/s (%.2f× return 1)", r.DecisionsPerSec, p.plain.DecisionsPerSec, p.plain.VsReturnOne)})
+		}
+		out = append(out, targetResult{Target: "hot allowed +reservation 64: Redis round trips per decision", Subject: p.algorithm, Measured: r.RoundTripsPerDecision, Want: "<= 0.125", Pass: r.RoundTripsPerDecision <= 0.125,
+			Note: fmt.Sprintf("Redis commands per decision %.3f", r.CommandsPerDecision)})
+		if p.plain.P50US > 0 {
+			ratio := r.P50US / p.plain.P50US
+			out = append(out, targetResult{Target: "not busy (1 goroutine) +reservation: p50 ÷ without", Subject: p.algorithm, Measured: ratio, Want: "<= 1.05", Pass: ratio <= 1.05,
+				Note: fmt.Sprintf("%.1f µs vs %.1f µs", r.P50US, p.plain.P50US)})
+		}
+		if p.plain.SeqScriptUSMedian > 0 {
+			ratio := r.SeqScriptUSMedian / p.plain.SeqScriptUSMedian
+			out = append(out, targetResult{Target: "not busy (1 goroutine) +reservation: Redis script µs per decision ÷ without", Subject: p.algorithm, Measured: ratio, Want: "<= 1.05", Pass: ratio <= 1.05,
+				Note: fmt.Sprintf("%.2f µs vs %.2f µs", r.SeqScriptUSMedian, p.plain.SeqScriptUSMedian)})
+		}
+	}
+	return out
+}
+
+// reservationMarkdown is the hot allowed workload side by side.
+func reservationMarkdown(rows []rowResult) string {
+	find := func(workload, name string) *rowResult {
+		for i := range rows {
+			if rows[i].Workload == workload && rows[i].Name == name {
+				return &rows[i]
+			}
+		}
+		return nil
+	}
+	pairs := reservationPairs(find)
+	if len(pairs) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("\n| hot allowed: one key, WithReservation(64, 250ms) | decisions/s (64 g) without / with | × return 1 without / with | round trips/dec without / with | not busy: p50 µs without / with | not busy: script µs/dec without / with |\n|---|--:|--:|--:|--:|--:|\n")
+	for _, p := range pairs {
+		fmt.Fprintf(&b, "| %s | %.0f / %.0f | %.2f / %.2f | %.3f / %.4f | %.1f / %.1f | %.2f / %.2f |\n", p.algorithm,
+			p.plain.DecisionsPerSec, p.reserved.DecisionsPerSec, p.plain.VsReturnOne, p.reserved.VsReturnOne,
+			p.plain.RoundTripsPerDecision, p.reserved.RoundTripsPerDecision,
+			p.plain.P50US, p.reserved.P50US, p.plain.SeqScriptUSMedian, p.reserved.SeqScriptUSMedian)
+	}
+	return b.String()
+}
