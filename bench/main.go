@@ -148,11 +148,10 @@ func run(f flags) error {
 	if err != nil {
 		return err
 	}
-	if len(rows) == 0 {
-		return fmt.Errorf("-rows %q: no row matches", f.rows)
-	}
-	if err := env.rounds(rows); err != nil {
-		return err
+	if len(rows) > 0 {
+		if err := env.rounds(rows); err != nil {
+			return err
+		}
 	}
 	rep.Rows = summarize(rows)
 	rep.Floors = floors(rep.Rows)
@@ -163,6 +162,9 @@ func run(f flags) error {
 		// Only what -rows names: "memory redlimit calendar_window", say.
 		if rep.FeatureMemory, rep.LeaseMemory, err = env.featureMemory(); err != nil {
 			return fmt.Errorf("feature memory: %w", err)
+		}
+		if len(rows) == 0 && len(rep.Refunds) == 0 && len(rep.FeatureMemory) == 0 && len(rep.LeaseMemory) == 0 {
+			return fmt.Errorf("-rows %q: nothing matches", f.rows)
 		}
 		rep.Features = featureSections(rep)
 		return rep.write(f)
