@@ -17,8 +17,10 @@ import (
 // refundBatch keys, reads INFO, refunds part of each grant, and reads INFO
 // again: every refund follows its grant by one batch (a few ms), and the
 // two halves give the grant's and the refund's Redis time apart, on the
-// same keys in the same moment. Rounds interleave the algorithms, as the
-// rows' do, and figures are medians over rounds.
+// same keys in the same moment. Batches run on fresh keys (a key's first
+// refund) and on keys holding the most refund records a key keeps.
+// Rounds interleave the algorithms, as the rows' do, and figures are
+// medians over rounds.
 
 const (
 	refundBatch = 100 // keys per batch: each takes one grant, then one refund
@@ -36,6 +38,8 @@ var refundLimit = limit{count: 1_000_000, per: 24 * time.Hour}
 // batches.
 type refundResult struct {
 	Algorithm string `json:"algorithm"`
+	// Keys are the keys granted and refunded on (refundModes).
+	Keys string `json:"keys"`
 	// Took and Gave are the permits each grant took and each refund gave
 	// back (a concurrency grant is one lease, released whole).
 	Took int `json:"took"`
@@ -151,36 +155,106 @@ func (e *environment) refundSubjects() ([]refundSubject, error) {
 	return out, nil
 }
 
-// refundSamples is what one subject's batches gathered.
-type refundSamples struct {
+// refundModes are the keys a batch grants and refunds on: a refund's
+// cost grows with the refund records its key keeps (docs/refunds.md).
+var refundModes = []struct {
+	name  string
+	fresh bool
+}{
+	{"fresh keys", true},
+	{"keys refunded 16 times before", false},
+}
+
+// refundRecords is the most refund records a key keeps (a fixed or
+// calendar window's): the kept keys are refunded that often before they
+// are measured.
+const refundRecords = 16
+
+// refundUnit is one subject on one mode's keys, with what its batches
+// gathered.
+type refundUnit struct {
+	s       refundSubject
+	mode    string
+	fresh   bool
+	keys    []string
+	batches int
+
 	grantUS, refundUS, ratio, p50, p99, allocs []float64 // one per round
-	grants, refunds                            int
+	refunds                                    int
 	grantTrips, refundTrips                    int64
 	grantCmds, refundCmds                      int64
 }
 
-// refunds runs refund batches for every subject, e.f.seq of them per
-// subject per round (at least one batch), rounds interleaved.
+// nextKeys returns the keys of u's next batch: new ones for fresh keys.
+func (u *refundUnit) nextKeys(run string) []string {
+	u.batches++
+	if u.fresh || u.keys == nil {
+		u.keys = u.keys[:0]
+		for k := 0; k < refundBatch; k++ {
+			u.keys = append(u.keys, fmt.Sprintf("rf:%s:%s:%d:%04d", u.s.algorithm, run, u.batches, k))
+		}
+	}
+	return u.keys
+}
+
+// grantAndRefund grants on each of keys, then refunds part of each grant, and
+// returns the server's work in each half, the round trips of each, the
+// Go allocations of the refunds, and appends the refunds' latencies to
+// lat.
+func (e *environment) grantAndRefund(s refundSubject, keys []string, lat []time.Duration) (grant, refund serverStats, grantTrips, refundTrips int64, mallocs uint64, _ []time.Duration, err error) {
+	st0, err := readStats(e.ctx, e.admin)
+	if err != nil {
+		return
+	}
+	rt0 := e.hook.n.Load()
+	for k, key := range keys {
+		if err = s.take(e.ctx, key, k); err != nil {
+			err = fmt.Errorf("refunds: %w", err)
+			return
+		}
+	}
+	rt1 := e.hook.n.Load()
+	st1, err := readStats(e.ctx, e.admin)
+	if err != nil {
+		return
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	rt2 := e.hook.n.Load()
+	for k := range keys {
+		start := time.Now()
+		if err = s.give(e.ctx, k); err != nil {
+			err = fmt.Errorf("refunds: %s: %w", s.algorithm, err)
+			return
+		}
+		lat = append(lat, time.Since(start))
+	}
+	rt3 := e.hook.n.Load()
+	runtime.ReadMemStats(&after)
+	st2, err := readStats(e.ctx, e.admin)
+	if err != nil {
+		return
+	}
+	return st1.sub(st0), st2.sub(st1), rt1 - rt0, rt3 - rt2, after.Mallocs - before.Mallocs, lat, nil
+}
+
+// refunds runs refund batches for every subject on each mode's keys,
+// e.f.seq of them per subject and mode per round (at least one batch),
+// rounds interleaved.
 func (e *environment) refunds() ([]refundResult, error) {
 	subjects, err := e.refundSubjects()
 	if err != nil || len(subjects) == 0 {
 		return nil, err
 	}
 	var out, missing []refundResult
-	keys := make([][]string, 0, len(subjects))
-	for j := 0; j < len(subjects); j++ {
-		s := subjects[j]
-		var ks []string
-		for k := 0; k < refundBatch; k++ {
-			ks = append(ks, fmt.Sprintf("rf:%s:%s:%04d", s.algorithm, e.run, k))
-		}
+	var units []*refundUnit
+	for _, s := range subjects {
 		// Warm up: load the script, with its refund.
-		err := s.take(e.ctx, ks[0], 0)
+		key := fmt.Sprintf("rf:%s:%s:warm", s.algorithm, e.run)
+		err := s.take(e.ctx, key, 0)
 		if errors.Is(err, errNoGrant) {
 			logf("refunds: %s: %v", s.algorithm, err)
 			missing = append(missing, refundResult{Algorithm: s.algorithm, Took: s.took, Gave: s.gave, Missing: err.Error()})
-			subjects = slices.Delete(subjects, j, j+1)
-			j--
 			continue
 		}
 		if err == nil {
@@ -189,83 +263,64 @@ func (e *environment) refunds() ([]refundResult, error) {
 		if err != nil {
 			return nil, fmt.Errorf("refunds: %s: warm-up: %w", s.algorithm, err)
 		}
-		keys = append(keys, ks)
+		for _, m := range refundModes {
+			u := &refundUnit{s: s, mode: m.name, fresh: m.fresh}
+			if !m.fresh {
+				keys := u.nextKeys(e.run)
+				for i := 0; i < refundRecords; i++ {
+					if _, _, _, _, _, _, err := e.grantAndRefund(s, keys, nil); err != nil {
+						return nil, err
+					}
+				}
+			}
+			units = append(units, u)
+		}
 	}
-	samples := make([]refundSamples, len(subjects))
 	lat := make([]time.Duration, 0, 1<<16)
-	for round := 0; round < e.f.rounds; round++ {
-		logf("refunds: round %d/%d: %d algorithms", round+1, e.f.rounds, len(subjects))
-		offset := round * len(subjects) / e.f.rounds
-		for i := range subjects {
-			j := (i + offset) % len(subjects)
-			s, sm := subjects[j], &samples[j]
+	for round := 0; round < e.f.rounds && len(units) > 0; round++ {
+		logf("refunds: round %d/%d: %d algorithms × %d kinds of keys", round+1, e.f.rounds, len(units)/len(refundModes), len(refundModes))
+		offset := round * len(units) / e.f.rounds
+		for i := range units {
+			u := units[(i+offset)%len(units)]
 			var grant, refund serverStats
 			var grants, mallocs uint64
 			lat = lat[:0]
 			for deadline := time.Now().Add(e.f.seq); len(lat) == 0 || time.Now().Before(deadline); {
-				st0, err := readStats(e.ctx, e.admin)
+				g, r, gt, rt, m, l, err := e.grantAndRefund(u.s, u.nextKeys(e.run), lat)
 				if err != nil {
 					return nil, err
 				}
-				rt0 := e.hook.n.Load()
-				for k, key := range keys[j] {
-					if err := s.take(e.ctx, key, k); err != nil {
-						return nil, fmt.Errorf("refunds: %w", err)
-					}
-				}
-				rt1 := e.hook.n.Load()
-				st1, err := readStats(e.ctx, e.admin)
-				if err != nil {
-					return nil, err
-				}
-				var before, after runtime.MemStats
-				runtime.ReadMemStats(&before)
-				rt2 := e.hook.n.Load()
-				for k := range keys[j] {
-					start := time.Now()
-					if err := s.give(e.ctx, k); err != nil {
-						return nil, fmt.Errorf("refunds: %s: %w", s.algorithm, err)
-					}
-					lat = append(lat, time.Since(start))
-				}
-				rt3 := e.hook.n.Load()
-				runtime.ReadMemStats(&after)
-				st2, err := readStats(e.ctx, e.admin)
-				if err != nil {
-					return nil, err
-				}
-				grant, refund = grant.add(st1.sub(st0)), refund.add(st2.sub(st1))
+				grant, refund, lat = grant.add(g), refund.add(r), l
 				grants += refundBatch
-				mallocs += after.Mallocs - before.Mallocs
-				sm.grantTrips += rt1 - rt0
-				sm.refundTrips += rt3 - rt2
+				mallocs += m
+				u.grantTrips += gt
+				u.refundTrips += rt
 			}
 			n := float64(grants)
-			sm.grantUS = append(sm.grantUS, float64(grant.scriptUS)/n)
-			sm.refundUS = append(sm.refundUS, float64(refund.scriptUS)/n)
-			sm.ratio = append(sm.ratio, float64(refund.scriptUS)/float64(grant.scriptUS))
-			sm.allocs = append(sm.allocs, float64(mallocs)/n)
+			u.grantUS = append(u.grantUS, float64(grant.scriptUS)/n)
+			u.refundUS = append(u.refundUS, float64(refund.scriptUS)/n)
+			u.ratio = append(u.ratio, float64(refund.scriptUS)/float64(grant.scriptUS))
+			u.allocs = append(u.allocs, float64(mallocs)/n)
 			slices.Sort(lat)
-			sm.p50 = append(sm.p50, micros(lat[len(lat)/2]))
-			sm.p99 = append(sm.p99, micros(lat[len(lat)*99/100]))
-			sm.grants += int(grants)
-			sm.refunds += int(grants)
-			sm.grantCmds += grant.calls
-			sm.refundCmds += refund.calls
+			u.p50 = append(u.p50, micros(lat[len(lat)/2]))
+			u.p99 = append(u.p99, micros(lat[len(lat)*99/100]))
+			u.refunds += int(grants)
+			u.grantCmds += grant.calls
+			u.refundCmds += refund.calls
 		}
 	}
-	for j, s := range subjects {
-		sm := samples[j]
-		r := refundResult{Algorithm: s.algorithm, Took: s.took, Gave: s.gave,
-			GrantUS: median(sm.grantUS), RefundUS: median(sm.refundUS), Ratio: median(sm.ratio),
-			RoundTripsPerGrant:  float64(sm.grantTrips) / float64(sm.grants),
-			RoundTripsPerRefund: float64(sm.refundTrips) / float64(sm.refunds),
-			CommandsPerGrant:    float64(sm.grantCmds) / float64(sm.grants),
-			CommandsPerRefund:   float64(sm.refundCmds) / float64(sm.refunds),
-			RefundP50US:         median(sm.p50), RefundP99US: median(sm.p99),
-			AllocsPerRefund: median(sm.allocs), Refunds: sm.refunds}
-		logf("refunds: %s: grant %.2f µs, refund %.2f µs (%.2f×), %.3f round trips per refund",
-			s.algorithm, r.GrantUS, r.RefundUS, r.Ratio, r.RoundTripsPerRefund)
+	for _, u := range units {
+		n := float64(u.refunds)
+		r := refundResult{Algorithm: u.s.algorithm, Keys: u.mode, Took: u.s.took, Gave: u.s.gave,
+			GrantUS: median(u.grantUS), RefundUS: median(u.refundUS), Ratio: median(u.ratio),
+			RoundTripsPerGrant:  float64(u.grantTrips) / n,
+			RoundTripsPerRefund: float64(u.refundTrips) / n,
+			CommandsPerGrant:    float64(u.grantCmds) / n,
+			CommandsPerRefund:   float64(u.refundCmds) / n,
+			RefundP50US:         median(u.p50), RefundP99US: median(u.p99),
+			AllocsPerRefund: median(u.allocs), Refunds: u.refunds}
+		logf("refunds: %s, %s: grant %.2f µs, refund %.2f µs (%.2f×), %.3f round trips per refund",
+			r.Algorithm, r.Keys, r.GrantUS, r.RefundUS, r.Ratio, r.RoundTripsPerRefund)
 		out = append(out, r)
 	}
 	return append(out, missing...), nil
