@@ -26,6 +26,17 @@ type report struct {
 	// and with go-redis/redis_rate's, in the same run.
 	Floors  []floorResult  `json:"floors"`
 	Targets []targetResult `json:"targets"`
+	// Refunds are each algorithm's grants and refunds, measured apart
+	// (refunds.go).
+	Refunds []refundResult `json:"refunds"`
+	// FeatureMemory is Redis memory per key of the calendar window, the
+	// fixed window beside it and a concurrency key of one lease;
+	// LeaseMemory that of one key holding more and more live leases.
+	FeatureMemory []memoryResult      `json:"feature_memory"`
+	LeaseMemory   []leaseMemoryResult `json:"lease_memory"`
+	// Features are the targets of issues 35, 37, 38 and 39, a section per
+	// feature (featurereport.go).
+	Features []featureSection `json:"features"`
 }
 
 // floorResult is one algorithm under one workload next to its floor and
@@ -367,6 +378,7 @@ func (rep report) markdown() string {
 		b.WriteString(adversarialMarkdown(rep.Adversarial))
 	}
 	b.WriteString(floorsMarkdown(rep.Floors))
+	b.WriteString(featuresMarkdown(rep))
 	if len(rep.Targets) > 0 {
 		p("\n| target | subject | measured | want | result | note |\n|---|---|--:|---|---|---|\n")
 	}
