@@ -151,8 +151,8 @@ func checkParts(ctx context.Context, n int, parts []Part) error {
 		if p.Limiter == nil || isNilPointer(p.Limiter) {
 			return engine.Errorf(ErrInvalidArgument, "redlimit: AllowAll: part %d: nil Limiter", i)
 		}
-		if err := engine.CheckArgs(ErrInvalidArgument, fmt.Sprintf("AllowAll: part %d", i), ctx, p.Key); err != nil {
-			return err
+		if err := engine.CheckArgs(ErrInvalidArgument, "AllowAll", ctx, p.Key); err != nil {
+			return fmt.Errorf("redlimit: AllowAll: part %d: %w", i, err)
 		}
 		if rl, ok := p.Limiter.(redisLimiter); ok {
 			if err := rl.redisCore().built(); err != nil {
