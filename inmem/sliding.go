@@ -64,18 +64,17 @@ type log struct {
 // logState is one key: its nonempty buckets, oldest first, and for each
 // strategy the position of the oldest bucket inside its window and the
 // permits the window holds. Only the buckets that leave a window are read.
-// The key keeps its own time, offsetUS ahead of the clock, as the script
-// does: when a call falls in a bucket before the last grant's (tail), the
-// clock went back, and the offset grows so that the key's time stands
-// still in that bucket until the clock catches up.
+// The key keeps its time as the script does (DESIGN "A key's time"): it
+// records the time of its last grant, and a call decides at the later of
+// its clock and that time.
 type logState struct {
-	buckets  []logBucket
-	cursor   []int // into buckets
-	total    []int64
-	lastB    int64 // the bucket of the last decision
-	tail     int64 // the bucket of the last grant, once granted is set
-	granted  bool
-	offsetUS int64
+	buckets    []logBucket
+	cursor     []int // into buckets
+	total      []int64
+	lastB      int64 // the bucket of the last decision
+	tail       int64 // the bucket of the last grant, once granted is set
+	granted    bool
+	recordedUS int64 // the key's time as of its last grant
 }
 
 type logBucket struct{ index, count int64 }
@@ -205,12 +204,50 @@ func (l *log) advance(s *logState, b int64) {
 	}
 }
 
+// decide decides at the key's time: the later of now and the time the key
+// recorded at its last grant. A recorded time ahead of now by more than
+// the longest window is a clock gone wrong: the call decides on now, on a
+// view of the key whose buckets are all it holds, in now's bucket, and
+// only a grant keeps that view.
 func (l *log) decide(s *logState, now, n int64) (redlimit.Result, int64) {
-	P := l.precisionUS
-	if b := floorDiv(now+s.offsetUS, P); s.granted && b < s.tail {
-		s.offsetUS += (s.tail - b) * P
+	t := now
+	if s.granted && s.recordedUS > now {
+		t = s.recordedUS
+		if s.recordedUS-now > l.sizes[len(l.sizes)-1]*l.precisionUS {
+			view := l.carried(s, now)
+			r, resetUS := l.decideAt(&view, now, now, n)
+			if r.Allowed && n > 0 {
+				*s = view
+			}
+			return r, resetUS
+		}
 	}
-	t := now + s.offsetUS
+	return l.decideAt(s, t, now, n)
+}
+
+// carried is the view of s from a clock gone wrong at now: all s holds
+// (its longest window as of its last grant) in now's bucket.
+func (l *log) carried(s *logState, now int64) logState {
+	S := len(l.sizes)
+	view := logState{cursor: make([]int, S), total: make([]int64, S), lastB: floorDiv(now, l.precisionUS)}
+	held := int64(0)
+	for _, bk := range s.buckets {
+		if bk.index > s.tail-l.sizes[S-1] {
+			held += bk.count
+		}
+	}
+	if held > 0 {
+		view.buckets = []logBucket{{index: view.lastB, count: held}}
+		for i := range S {
+			view.total[i] = held
+		}
+	}
+	return view
+}
+
+// decideAt decides at the key's time t; durations are from now.
+func (l *log) decideAt(s *logState, t, now, n int64) (redlimit.Result, int64) {
+	P := l.precisionUS
 	b := floorDiv(t, P)
 	l.advance(s, b)
 	S := len(l.sizes)
@@ -233,7 +270,7 @@ func (l *log) decide(s *logState, now, n int64) (redlimit.Result, int64) {
 			for _, bk := range s.buckets[s.cursor[i]:] {
 				acc += bk.count
 				if acc >= excess {
-					retry = (bk.index+l.sizes[i])*P - t
+					retry = (bk.index+l.sizes[i])*P - now
 					break
 				}
 			}
@@ -247,7 +284,7 @@ func (l *log) decide(s *logState, now, n int64) (redlimit.Result, int64) {
 			break
 		}
 		r.Allowed = true
-		s.tail, s.granted = b, true
+		s.tail, s.granted, s.recordedUS = b, true, t
 		if k := len(s.buckets); k > 0 && s.buckets[k-1].index == b {
 			s.buckets[k-1].count += n
 		} else {
@@ -270,7 +307,7 @@ func (l *log) decide(s *logState, now, n int64) (redlimit.Result, int64) {
 	r.Limit = int(l.limits[reported])
 	resetUS := int64(0)
 	if k := len(s.buckets); k > 0 {
-		resetUS = max(0, (s.buckets[k-1].index+l.sizes[S-1])*P-t)
+		resetUS = max(0, (s.buckets[k-1].index+l.sizes[S-1])*P-now)
 	}
 	r.ResetAfter = microsDuration(resetUS)
 	return r, resetUS
