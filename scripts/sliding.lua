@@ -230,15 +230,19 @@ end
 
 -- The time (from the clock) a denied strategy frees need permits: the first
 -- bucket of its window whose permits from the window's start reach need
--- leaves it. It reads at most SCAN buckets; when the bucket is not among
--- them, the time the tail leaves: longer than the truth, never shorter.
+-- leaves it. Each bucket holds a permit but those refunds emptied (one a
+-- record at most), so that one is among the first need + #records. It
+-- reads at most SCAN buckets; when the bucket is not among them, the time
+-- the tail leaves: longer than the truth, never shorter.
 -- Also the time its first bucket leaves (its count's first change). What
 -- the window holds of buckets trimmed away (unseen) leaves before any bucket.
 local function retry_after(req, st, s, ws, before, unseen, need)
   local now = req.clock
   local tail = leaves(st.T, s.S, s.p) - now
+  local most = need + #st.records
+  if st.x > 0 then most = most + 1 end
   local got = redis.call('ZRANGEBYSCORE', req.key, format('%d', ws), format('(%d', ENTRY0),
-    'WITHSCORES', 'LIMIT', '0', math.min(need, SCAN))
+    'WITHSCORES', 'LIMIT', '0', math.min(most, SCAN))
   if not got[2] then return tail, tail end
   local first = leaves(got[2] + 0, s.S, s.p) - now
   for j = 1, #got, 2 do
@@ -325,10 +329,13 @@ end
 
 -- apply: a grant is n more permits at the position of the key's time's
 -- bucket (or the tail's, when that is later). When the tail moves, the old
--- tail becomes a bucket, and the grant, once it passes a multiple of SCAN
--- permits, trims up to SCAN buckets that left every live window (R): it
--- keeps up, and base and C remember the count and position of the last
--- bucket trimmed. Under WithPrefix, the meta keeps the densest writer.
+-- tail becomes a bucket, and a tail that passes a multiple of SCAN buckets
+-- of P trims up to SCAN buckets that left every live window (R): it keeps
+-- up, as at most SCAN buckets opened since, and base and C remember the
+-- count and position of the last bucket trimmed. When to trim depends on
+-- positions only, never on counts, so that a refund leaves the key as a
+-- grant of fewer permits would. Under WithPrefix, the meta keeps the
+-- densest writer.
 -- Returns what write needs: the new note, aux and meta texts.
 local function apply(req, st, now, R)
   local e = math.max(bucket_end(now, req.P), st.T)
@@ -338,7 +345,8 @@ local function apply(req, st, now, R)
     st.base = st.base % COUNTS + COUNTS
     w.aux = nil
   end
-  if w.moved and st.T >= 0 and floor((st.K + req.n) / SCAN) > floor(st.K / SCAN) then
+  local period = SCAN * req.P
+  if w.moved and st.T >= 0 and floor(e / period) > floor(st.T / period) then
     local trimmed = redis.call('ZRANGEBYSCORE', req.key, FIRST, format('%d', now - R),
       'WITHSCORES', 'LIMIT', '0', SCAN)
     if #trimmed > 0 then
@@ -431,22 +439,18 @@ end
 -- refund: gives back permits of the grant at position e whose count after
 -- it was s, of n permits, until k in all were given back. The aux records
 -- what each refunded grant gave back ("s e given"), so that a retried
--- refund gives nothing more. It gives only while the grant's bucket is in
--- a window of the caller or of a live configuration, and not on a clock
--- gone wrong. A grant without a record is checked against the buckets: its
--- permits must lie in the bucket at e. When a record more than RECORDS
--- would be kept, the records of grants no longer counted go, then the
+-- refund gives nothing more. It gives while the grant's bucket is kept
+-- (after C: a configuration whose window reaches it counts it), and not on
+-- a clock gone wrong. A grant without a record is checked against the
+-- buckets: its permits must lie in the bucket at e. When a record more than
+-- RECORDS would be kept, the records of buckets trimmed away go, then the
 -- oldest's: its permits join x g (given back for windows that reach x, the
 -- earliest position merged: stricter, never looser), and the horizon H
 -- rises to it, so that a grant at or before it gives nothing more.
--- Returns the permits given, and whether the aux changed.
-local function refund(req, st, list, now, wrong)
+-- Returns the permits given.
+local function refund(req, st, wrong)
   local f = req.refund
-  local first = now
-  for _, s in ipairs(list) do
-    first = math.min(first, window_start(now, s.S, s.p))
-  end
-  if wrong or f.n < 1 or f.e < first or f.e <= st.C or f.e > st.T then return 0 end
+  if wrong or f.n < 1 or f.e <= st.C or f.e > st.T then return 0 end
   local record
   for _, r in ipairs(st.records) do
     if r.s == f.s and r.e == f.e then record = r end
@@ -469,10 +473,10 @@ local function refund(req, st, list, now, wrong)
   local give = math.min(f.k, f.n) - record.given
   if give <= 0 then return 0 end
   record.given = record.given + give
-  if st.x > 0 and st.x < first then st.x, st.g = 0, 0 end
+  if st.x > 0 and st.x <= st.C then st.x, st.g = 0, 0 end
   local kept = {}
   for _, r in ipairs(st.records) do
-    if r.e >= first then kept[#kept + 1] = r else st.H = math.max(st.H, r.s) end
+    if r.e > st.C then kept[#kept + 1] = r else st.H = math.max(st.H, r.s) end
   end
   if #kept > RECORDS then
     table.sort(kept, function(a, b) return a.e < b.e or (a.e == b.e and a.s < b.s) end)
@@ -516,7 +520,7 @@ local now, wrong = key_time(req, st)
 local list, R, stable, own_at = strategies(req, st, now)
 if req.refund then
   local given = 0
-  if st.note then given = refund(req, st, list, now, wrong) end
+  if st.note then given = refund(req, st, wrong) end
   if given > 0 then write_refund(req, st) end
   local c = check(req, st, list, now, wrong, 0)
   local remaining = math.max(c.fewest, 0)

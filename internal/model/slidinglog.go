@@ -165,7 +165,8 @@ func (m *SlidingLog) Step(nowUS int64, n int64) Result {
 // them in all were given back, as far as the key still counts them: while
 // the grant's bucket is in the longest window at the key's time, and not
 // on a clock gone wrong (nor after a grant on one moved the key). It
-// returns the permits this call gave back.
+// returns the permits this call gave back. ResetAfter keeps counting the
+// grant's bucket until it leaves the window.
 func (m *SlidingLog) Refund(nowUS, grantID, k int64) int64 {
 	t, wrong := m.keyTime(nowUS)
 	g := m.grants[grantID]
@@ -177,10 +178,10 @@ func (m *SlidingLog) Refund(nowUS, grantID, k int64) int64 {
 		return 0
 	}
 	g.given += give
+	// A bucket refunded to nothing stays until it leaves the window: a
+	// refund changes counts, not when the key is back in its initial
+	// state (ResetAfter), as the scripts keep it.
 	m.buckets[g.bucket] -= give
-	if m.buckets[g.bucket] == 0 {
-		delete(m.buckets, g.bucket)
-	}
 	return give
 }
 
