@@ -11,8 +11,8 @@ import (
 )
 
 // Keys written by the previous released format (the fixed window's format
-// 2, which is still its own; the buckets' format 2, a level at the
-// reader's own rate) under an explicit WithPrefix, where a rolling upgrade
+// 2, whose two forms format 3 keeps as they are; the buckets' format 2, a
+// level at the reader's own rate) under an explicit WithPrefix, where a rolling upgrade
 // meets them, are read as they were. Each case is a value in the exact
 // shape format 2 wrote, with the TTL it had; the calls decide on it, and
 // the value left behind is the current format's (WithPrefix: the buckets

@@ -146,7 +146,7 @@ func TestDefaultKeyFingerprint(t *testing.T) {
 // goldenPrefixes are the default prefixes of TestDefaultKeyFingerprint's
 // configurations in this release.
 var goldenPrefixes = map[string]string{
-	"fw": "redlimit:fw:7vja75:",
+	"fw": "redlimit:fw:u7gl87:", // state format 3: a window lasts its stored length; refunds
 	"sw": "redlimit:sw:18mo6n:", // state format 10: the key's time, refunds
 	"sl": "redlimit:sl:bn085k:", // state format 10
 	"lb": "redlimit:lb:jfq72b:",

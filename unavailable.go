@@ -2,7 +2,6 @@ package redlimit
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"time"
 
@@ -18,7 +17,7 @@ import (
 // hold), and has a method RetryAfter() time.Duration: the time until the
 // breaker lets a call probe Redis again. A Redis failure that did not go
 // through an open breaker is returned as it is and does not match.
-var ErrUnavailable = errors.New("redlimit: Redis unavailable")
+var ErrUnavailable = engine.ErrUnavailable
 
 // Default circuit breaker settings: see BreakerConfig.
 const (
@@ -291,7 +290,6 @@ func (o outageOptions) configure(algorithm string, rdb redis.Scripter, cfg *engi
 		b, _ := NewBreaker(BreakerConfig{})
 		cfg.Breaker = b.b
 	}
-	cfg.Unavailable = ErrUnavailable
 	if fb := o.fallback; fb != nil {
 		clock := cfg.Clock
 		cfg.Fallback = func(ctx context.Context, key string, n int) (engine.Reply, error) {
@@ -303,11 +301,13 @@ func (o outageOptions) configure(algorithm string, rdb redis.Scripter, cfg *engi
 				return engine.Reply{}, err
 			}
 			return engine.Reply{
-				Allowed:    r.Allowed,
-				Remaining:  int64(r.Remaining),
-				RetryAfter: r.RetryAfter,
-				ResetAfter: r.ResetAfter,
-				Fallback:   r,
+				Allowed:      r.Allowed,
+				Remaining:    int64(r.Remaining),
+				RetryAfter:   r.RetryAfter,
+				ResetAfter:   r.ResetAfter,
+				FromFallback: true,
+				Limit:        r.Limit,
+				Grant:        r.Grant,
 			}, nil
 		}
 	}

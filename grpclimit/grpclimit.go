@@ -95,6 +95,7 @@ type config struct {
 	onDenied   func(ctx context.Context, fullMethod string, res redlimit.Result, enforced bool)
 	shadow     bool
 	refundIf   func(code codes.Code) bool
+	keepAlive  time.Duration // WithKeepAlive's; -1: invalid
 }
 
 // WithKeyFunc sets how a call's key is found. Default: PeerIP.
@@ -179,6 +180,8 @@ func newLimiter(l redlimit.Limiter, opts []Option) *limiter {
 		panic("grpclimit: WithCost(nil)")
 	case c.timeout <= 0:
 		panic(fmt.Sprintf("grpclimit: WithTimeout(%v): must be positive", c.timeout))
+	case c.keepAlive < 0:
+		panic("grpclimit: WithKeepAlive: the interval must be positive")
 	}
 	return &limiter{cfg: c, l: l}
 }
@@ -301,7 +304,7 @@ func UnaryServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.UnaryServer
 		if g.N() == 0 {
 			return handler(ctx, req)
 		}
-		ch := &charge{grant: g}
+		ch := lim.charge(ctx, info.FullMethod, g)
 		f.innermost = ch
 		returned := false
 		defer func() { lim.settleCall(ctx, info.FullMethod, f, ch, err, returned) }()
@@ -325,7 +328,7 @@ func StreamServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.StreamServ
 		if g.N() == 0 {
 			return handler(srv, contextStream{ss, ctx})
 		}
-		ch := &charge{grant: g}
+		ch := lim.charge(ctx, info.FullMethod, g)
 		f.innermost = ch
 		returned := false
 		defer func() { lim.settleCall(ctx, info.FullMethod, f, ch, err, returned) }()
@@ -333,4 +336,14 @@ func StreamServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.StreamServ
 		returned = true
 		return err
 	}
+}
+
+// charge returns the charge of a call granted g: for a limiter whose
+// grants are leases, one that holds them until the call ends.
+func (lim *limiter) charge(ctx context.Context, method string, g redlimit.Grant) *charge {
+	ch := &charge{grant: g}
+	if l, ok := lim.l.(leaser); ok {
+		ch.release = lim.holdLease(ctx, method, l, ch)
+	}
+	return ch
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -73,7 +75,78 @@ type flight struct {
 }
 
 // charge is one interceptor's grant on a call.
-type charge struct{ grant redlimit.Grant }
+type charge struct {
+	grant   redlimit.Grant
+	release func() // for a lease: ends its keep-alive and releases it
+}
+
+// leaser is a limiter whose grants are leases (redlimit.NewConcurrency,
+// inmem.NewConcurrency): the interceptor holds a call's leases for its
+// whole life, a stream's until it ends, and releases them when the handler
+// returns, panics, or the client goes away (the handler then returns, its
+// context done).
+type leaser interface {
+	ExtendGrant(ctx context.Context, g redlimit.Grant) (redlimit.Result, error)
+}
+
+// WithKeepAlive extends a call's lease every interval while its handler
+// runs (a long stream, say), for a limiter whose grants are leases (a
+// redlimit.Concurrency). Default: no renewal, so a call that outlives its
+// lease loses its place; choose a lease longer than the longest call, or
+// an interval well below the lease. A failed renewal is told to OnError.
+// An interval that is not positive panics.
+func WithKeepAlive(interval time.Duration) Option {
+	return func(c *config) {
+		c.keepAlive = interval
+		if interval <= 0 {
+			c.keepAlive = -1
+		}
+	}
+}
+
+// holdLease renews ch's lease every keepAlive until the returned stop is
+// called, which then releases it.
+func (lim *limiter) holdLease(ctx context.Context, method string, l leaser, ch *charge) (release func()) {
+	var mu sync.Mutex
+	released := false
+	var timer *time.Timer
+	if every := lim.cfg.keepAlive; every > 0 {
+		timer = time.AfterFunc(every, func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if released {
+				return
+			}
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lim.cfg.timeout)
+			res, err := l.ExtendGrant(rctx, ch.grant)
+			cancel()
+			switch {
+			case err != nil:
+				lim.tell(ctx, method, fmt.Errorf("grpclimit: keeping the call's lease: %w", err))
+			case !res.Allowed:
+				lim.tell(ctx, method, errors.New("grpclimit: keeping the call's lease: it lapsed and its place was taken"))
+				return
+			case res.Grant.N() > 0:
+				ch.grant = res.Grant
+			}
+			timer.Reset(every)
+		})
+	}
+	return func() {
+		mu.Lock()
+		released = true
+		if timer != nil {
+			timer.Stop()
+		}
+		g := ch.grant
+		mu.Unlock()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lim.cfg.timeout)
+		defer cancel()
+		if err := g.Refund(rctx, g.N()); err != nil {
+			lim.tell(ctx, method, fmt.Errorf("%w: %w", ErrRefund, err))
+		}
+	}
+}
 
 // inFlight returns ctx with the call's flight, making it if this is the
 // outermost interceptor.
@@ -89,6 +162,10 @@ func inFlight(ctx context.Context) (context.Context, *flight) {
 // when the handler's outcome should not count (WithRefundIf): its error
 // err, or a panic when it did not return.
 func (lim *limiter) settleCall(ctx context.Context, method string, f *flight, ch *charge, err error, returned bool) {
+	if ch.release != nil {
+		ch.release() // what is in flight ends with the call
+		return
+	}
 	refund := f.denied
 	if !refund && lim.cfg.refundIf != nil {
 		code := status.Code(err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/internal/engine"
+	"github.com/redlimit/redlimit/redlimittest"
 )
 
 // grantingLimiter grants every call (or denies every one, when deny is
@@ -146,3 +148,27 @@ func (fakeStream) SendHeader(metadata.MD) error { return nil }
 func (fakeStream) SetTrailer(metadata.MD)       {}
 func (fakeStream) SendMsg(any) error            { return nil }
 func (fakeStream) RecvMsg(any) error            { return nil }
+
+// A stream holds its lease until it ends, and a panicking handler's lease
+// is released too.
+func TestStreamHoldsItsLease(t *testing.T) {
+	env := redlimittest.New(t)
+	l, err := redlimit.NewConcurrency(env.Client(), 1, time.Minute, env.Options()...)
+	require.NoError(t, err)
+	in := StreamServerInterceptor(l, WithKeyFunc(Metadata("key")))
+	info := &grpc.StreamServerInfo{FullMethod: "/test.Service/Stream"}
+	err = in(nil, fakeStream{peerCtx()}, info, func(_ any, ss grpc.ServerStream) error {
+		inner := in(nil, fakeStream{peerCtx()}, info, func(any, grpc.ServerStream) error { return nil })
+		require.Equal(t, codes.ResourceExhausted, status.Code(inner), "one stream in flight: a second is refused while it lasts")
+		return nil
+	})
+	require.NoError(t, err)
+	require.NoError(t, in(nil, fakeStream{peerCtx()}, info, func(any, grpc.ServerStream) error { return nil }), "the lease went with the stream")
+
+	unary := UnaryServerInterceptor(l, WithKeyFunc(Metadata("key")))
+	require.Panics(t, func() {
+		_, _ = unary(peerCtx(), nil, unaryInfo, func(context.Context, any) (any, error) { panic("bug") })
+	})
+	_, err = unary(peerCtx(), nil, unaryInfo, func(context.Context, any) (any, error) { return nil, nil })
+	require.NoError(t, err, "the panicking call's lease was released")
+}
