@@ -8,21 +8,24 @@ import (
 	"time"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/engine"
 )
 
 // SlidingWindow grants at most limit permits in any window, in process,
-// counted in buckets of precision aligned to the Unix epoch. It decides as
-// redlimit.SlidingWindow does.
+// counted in buckets of precision aligned to the Unix epoch. It decides,
+// and its Grants refund, as redlimit.SlidingWindow does.
 type SlidingWindow struct{ log }
 
 // SlidingLog enforces several sliding-window limits at once over one shared
-// set of buckets, in process. It decides, and reports, as
+// set of buckets, in process. It decides, reports, and its Grants refund, as
 // redlimit.SlidingLog does.
 type SlidingLog struct{ log }
 
 var (
 	_ redlimit.Limiter = (*SlidingWindow)(nil)
 	_ redlimit.Limiter = (*SlidingLog)(nil)
+	_ engine.Refunder  = (*SlidingWindow)(nil)
+	_ engine.Refunder  = (*SlidingLog)(nil)
 )
 
 // NewSlidingWindow returns an in-process limiter granting at most limit
@@ -75,6 +78,10 @@ type logState struct {
 	tail       int64 // the bucket of the last grant, once granted is set
 	granted    bool
 	recordedUS int64 // the key's time as of its last grant
+	// count is every permit the key granted: a grant is named by the count
+	// after it, and by its bucket. refunds are what refunds gave back.
+	count int64
+	refunds
 }
 
 type logBucket struct{ index, count int64 }
@@ -145,6 +152,9 @@ func (l *log) AllowN(ctx context.Context, key string, n int) (redlimit.Result, e
 		}
 	}
 	r, resetUS := l.decide(&s, now, int64(n))
+	if r.Allowed && n > 0 {
+		r.Grant = engine.NewGrant(l, key, n, fmt.Sprintf("%d.%d.%d", s.tail, s.count, n))
+	}
 	if e == nil && resetUS > 0 {
 		// The state escapes to the store: give it its own arrays.
 		s.cursor, s.total = slices.Clone(s.cursor), slices.Clone(s.total)
@@ -226,10 +236,13 @@ func (l *log) decide(s *logState, now, n int64) (redlimit.Result, int64) {
 }
 
 // carried is the view of s from a clock gone wrong at now: all s holds
-// (its longest window as of its last grant) in now's bucket.
+// (its longest window as of its last grant) in now's bucket. No earlier
+// grant refunds on it.
 func (l *log) carried(s *logState, now int64) logState {
 	S := len(l.sizes)
-	view := logState{cursor: make([]int, S), total: make([]int64, S), lastB: floorDiv(now, l.precisionUS)}
+	b := floorDiv(now, l.precisionUS)
+	view := logState{cursor: make([]int, S), total: make([]int64, S), lastB: b, tail: b, count: s.count}
+	view.horizon = s.count
 	held := int64(0)
 	for _, bk := range s.buckets {
 		if bk.index > s.tail-l.sizes[S-1] {
@@ -237,7 +250,7 @@ func (l *log) carried(s *logState, now int64) logState {
 		}
 	}
 	if held > 0 {
-		view.buckets = []logBucket{{index: view.lastB, count: held}}
+		view.buckets = []logBucket{{index: b, count: held}}
 		for i := range S {
 			view.total[i] = held
 		}
@@ -285,6 +298,7 @@ func (l *log) decideAt(s *logState, t, now, n int64) (redlimit.Result, int64) {
 		}
 		r.Allowed = true
 		s.tail, s.granted, s.recordedUS = b, true, t
+		s.count += n
 		if k := len(s.buckets); k > 0 && s.buckets[k-1].index == b {
 			s.buckets[k-1].count += n
 		} else {
@@ -311,6 +325,60 @@ func (l *log) decideAt(s *logState, t, now, n int64) (redlimit.Result, int64) {
 	}
 	r.ResetAfter = microsDuration(resetUS)
 	return r, resetUS
+}
+
+// refund gives back permits of the grant the token names ("bucket.count.n")
+// until k of them in all were given back, while its bucket is kept and not
+// on a clock gone wrong: the script's rule. It returns the permits given.
+func (l *log) refund(s *logState, now int64, token string, k int64) int64 {
+	var bucket, at, took int64
+	if _, err := fmt.Sscanf(token, "%d.%d.%d", &bucket, &at, &took); err != nil || took < 1 || at > s.count {
+		return 0
+	}
+	if s.recordedUS-now > l.sizes[len(l.sizes)-1]*l.precisionUS {
+		return 0
+	}
+	kept, ok := s.refunds.given(at)
+	if !ok {
+		return 0
+	}
+	i := slices.IndexFunc(s.buckets, func(bk logBucket) bool { return bk.index == bucket })
+	if i < 0 {
+		return 0
+	}
+	back := min(k, took, kept+s.buckets[i].count) - kept
+	if back <= 0 {
+		return 0
+	}
+	// A bucket refunded to nothing stays until it leaves the window, as
+	// the script keeps it (ResetAfter).
+	s.buckets[i].count -= back
+	for j := range s.total {
+		if i >= s.cursor[j] {
+			s.total[j] -= back
+		}
+	}
+	s.refunds.record(at, kept+back)
+	return back
+}
+
+// RefundGrant gives back permits of a grant this limiter made (see
+// redlimit.Grant): until n of them in all have been given back.
+func (l *log) RefundGrant(ctx context.Context, key, token string, took, n int) error {
+	if err := checkCall(ctx, l.algorithm, key, 0); err != nil {
+		return err
+	}
+	now, err := l.store.nowUS(ctx, l.algorithm)
+	if err != nil {
+		return err
+	}
+	sh := l.store.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.m[key]; e != nil {
+		l.refund(&e.state, now, token, int64(n))
+	}
+	return nil
 }
 
 // used is the largest share of a strategy's limit s has in use, as of its

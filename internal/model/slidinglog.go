@@ -163,14 +163,15 @@ func (m *SlidingLog) Step(nowUS int64, n int64) Result {
 
 // Refund gives back permits of the grant named grantID at nowUS until k of
 // them in all were given back, as far as the key still counts them: while
-// the grant's bucket is in the longest window at the key's time, and not
-// on a clock gone wrong (nor after a grant on one moved the key). It
-// returns the permits this call gave back. ResetAfter keeps counting the
-// grant's bucket until it leaves the window.
+// the grant's bucket is in the longest window at the key's recorded time
+// (a call decides there at the earliest), and not on a clock gone wrong
+// (nor after a grant on one moved the key). It returns the permits this
+// call gave back. ResetAfter keeps counting the grant's bucket until it
+// leaves the window.
 func (m *SlidingLog) Refund(nowUS, grantID, k int64) int64 {
-	t, wrong := m.keyTime(nowUS)
+	_, wrong := m.keyTime(nowUS)
 	g := m.grants[grantID]
-	if wrong || g == nil || g.bucket <= floorDiv(t, m.precisionUS)-m.nbMax {
+	if wrong || g == nil || g.bucket <= floorDiv(m.recordedUS, m.precisionUS)-m.nbMax {
 		return 0
 	}
 	give := min(k, g.n) - g.given
