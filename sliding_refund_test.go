@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -243,5 +245,51 @@ func TestSlidingRefundSharedTwins(t *testing.T) {
 				}
 			}
 		}
+	})
+}
+
+// Goroutines in two processes (clients) grant and refund on one key at
+// once: never over the limit, and at rest the key holds at least the
+// grants not refunded. Exactly those, but for refunds that arrived after
+// the records of 16 later grants of the key (a key keeps 16): those give
+// nothing, stricter and never looser (docs/internals.md, Refunds).
+func TestSlidingRefundConcurrent(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		const limit, workers, calls = 400, 8, 40
+		var limiters [2]Limiter
+		for i := range limiters {
+			var err error
+			limiters[i], err = NewSlidingLog(be.rdb, time.Second, []Strategy{{limit, time.Hour}, {2 * limit, 2 * time.Hour}})
+			require.NoError(t, err)
+		}
+		var wg sync.WaitGroup
+		var kept atomic.Int64
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				l := limiters[w%2]
+				for i := range calls {
+					r, err := l.AllowN(ctx, "k", 2)
+					if err != nil || !r.Allowed {
+						t.Errorf("worker %d call %d: %+v, %v", w, i, r, err)
+						return
+					}
+					back := 1 + i%2 // every other grant is given back whole
+					if err := r.Grant.Refund(ctx, back); err != nil {
+						t.Errorf("worker %d call %d: refund: %v", w, i, err)
+						return
+					}
+					kept.Add(int64(2 - back))
+				}
+			}()
+		}
+		wg.Wait()
+		r, err := limiters[0].AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		require.LessOrEqual(t, r.Remaining, limit-int(kept.Load()), "the key holds the grants not given back")
+		t.Logf("%d permits of refunds that came too late given nothing", limit-int(kept.Load())-r.Remaining)
 	})
 }
