@@ -178,3 +178,32 @@ func TestAllowAllConcurrentExact(t *testing.T) {
 		require.Equal(t, 0, remaining(t, ps[0].tenant, "acme"))
 	})
 }
+
+// Grant.Release ends what is in flight and keeps what was counted: the
+// lease of an AllowAll grant goes back, its minute's permit stays.
+func TestAllowAllReleaseKeepsTheCount(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		clock := newClock()
+		perMinute, err := NewFixedWindow(b.rdb, 10, time.Minute, WithClock(clock.Now))
+		require.NoError(t, err)
+		inFlight, err := NewConcurrency(b.rdb, 1, time.Minute, WithClock(clock.Now))
+		require.NoError(t, err)
+		parts := []Part{{perMinute, "u"}, {inFlight, "u"}}
+		r, err := AllowAll(ctx, 1, parts...)
+		require.NoError(t, err)
+		require.True(t, r.Allowed)
+		denied, err := AllowAll(ctx, 1, parts...)
+		require.NoError(t, err)
+		require.False(t, denied.Allowed, "one in flight")
+		require.NoError(t, r.Grant.Release(ctx))
+		require.Equal(t, 1, remaining(t, inFlight, "u"), "the lease went back")
+		require.Equal(t, 9, remaining(t, perMinute, "u"), "the minute's permit stays counted")
+
+		plain, err := perMinute.Allow(ctx, "v")
+		require.NoError(t, err)
+		require.NoError(t, plain.Grant.Release(ctx))
+		require.Equal(t, 9, remaining(t, perMinute, "v"), "a grant of a limiter without leases holds nothing in flight")
+		require.NoError(t, Grant{}.Release(ctx))
+	})
+}

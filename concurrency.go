@@ -74,6 +74,7 @@ func NewConcurrency(rdb redis.Scripter, limit int, lease time.Duration, opts ...
 		script:    concurrencyScript,
 		args:      []any{limit, leaseUS},
 		limits:    []int{limit},
+		leases:    true,
 		// A concurrency limit has no window: its denials say "limit N".
 		windows: []time.Duration{0},
 	}, opts)

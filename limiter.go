@@ -80,6 +80,12 @@ type Result struct {
 // the zero Grant are ErrInvalidArgument, without a round trip.
 // docs/refunds.md tells the whole story, with the bounds.
 //
+// Grant.Release(ctx) ends what the grant holds in flight and keeps what it
+// counted: a Concurrency's leases are released, an AllowAll grant releases
+// the leases of its parts and keeps their other permits (a request done
+// within "100 a minute and 2 in flight" gives back its place in flight,
+// not its minute's permit), and any other grant is left as it is.
+//
 // Grant.N() is the number of permits the grant took; 0 for the zero Grant.
 type Grant = engine.Grant
 
@@ -317,6 +323,7 @@ type spec struct {
 	sharedArgs []any
 	limits     []int
 	windows    []time.Duration // Window of each limit, for ViolationStrategyError
+	leases     bool            // grants hold something in flight: Grant.Release refunds them
 }
 
 // defaultPrefix is the key prefix of a limiter without WithPrefix:
@@ -388,6 +395,7 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 		Clock:     o.clock,
 		DenyCache: o.denyCache,
 		Capacity:  slices.Min(s.limits),
+		Leases:    s.leases,
 	}
 	if err := o.outage.configure(s.algorithm, rdb, &cfg); err != nil {
 		return limiter{}, err
@@ -465,7 +473,7 @@ func (l *limiter) built() error {
 		return engine.Errorf(ErrInvalidConfig, "redlimit: nil *%s: make it with %s and check the error it returns", l.nilType, l.nilConstructor)
 	}
 	if l.engine == nil {
-		return engine.Errorf(ErrInvalidConfig, "redlimit: limiter is a zero value: make it with its constructor (NewFixedWindow, NewSlidingWindow, NewSlidingLog, NewLeakyBucket or NewTokenBucket)")
+		return engine.Errorf(ErrInvalidConfig, "redlimit: limiter is a zero value: make it with its constructor (NewFixedWindow, NewSlidingWindow, NewSlidingLog, NewLeakyBucket, NewTokenBucket, NewConcurrency or NewCalendarWindow)")
 	}
 	return nil
 }

@@ -300,6 +300,10 @@ func (o outageOptions) configure(algorithm string, rdb redis.Scripter, cfg *engi
 			if err != nil {
 				return engine.Reply{}, err
 			}
+			if clock != nil && r.Grant.N() > 0 {
+				// Its refunds decide on this limiter's clock too.
+				r.Grant = engine.NewGrant(&clockedGrant{grant: r.Grant, clock: clock}, key, r.Grant.N(), "")
+			}
 			return engine.Reply{
 				Allowed:      r.Allowed,
 				Remaining:    int64(r.Remaining),
@@ -372,4 +376,22 @@ func (l *limiter) fallbackDenial(r Result) error {
 		}
 	}
 	return &ViolationStrategyError{Limit: r.Limit, Window: window, RetryAfter: r.RetryAfter}
+}
+
+// clockedGrant refunds a grant of the fallback on the limiter's clock
+// (WithClock), as its decision was: an inmem limiter without a clock of
+// its own then gives back at the time the fake clock reads.
+type clockedGrant struct {
+	grant Grant
+	clock func() time.Time
+}
+
+// RefundGrant refunds n permits of the fallback's grant.
+func (c *clockedGrant) RefundGrant(ctx context.Context, _, _ string, _, n int) error {
+	return c.grant.Refund(engine.WithLimiterNow(ctx, c.clock()), n)
+}
+
+// ReleaseGrant releases the fallback's grant's leases, if it holds any.
+func (c *clockedGrant) ReleaseGrant(ctx context.Context, _, _ string, _ int) error {
+	return c.grant.Release(engine.WithLimiterNow(ctx, c.clock()))
 }

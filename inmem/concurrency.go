@@ -313,3 +313,9 @@ func (l *Concurrency) Reset(ctx context.Context, key string) error {
 	}
 	return l.store.reset("concurrency", key)
 }
+
+// ReleaseGrant releases the leases of a grant this limiter made (see
+// redlimit.Grant.Release): all it took.
+func (l *Concurrency) ReleaseGrant(ctx context.Context, key, token string, took int) error {
+	return l.RefundGrant(ctx, key, token, took, took)
+}

@@ -1,6 +1,6 @@
-// Package inmem holds in-process rate limiters of the five redlimit
-// algorithms: FixedWindow, SlidingWindow, SlidingLog, LeakyBucket and
-// TokenBucket. Each decides exactly as the Redis limiter of the same
+// Package inmem holds in-process rate limiters of redlimit's algorithms:
+// FixedWindow, SlidingWindow, SlidingLog, LeakyBucket, TokenBucket,
+// Concurrency and CalendarWindow. Each decides exactly as the Redis limiter of the same
 // configuration does: the same Results, to the microsecond, for the same
 // calls at the same times, tested against the same reference models. The
 // one difference: where a sliding script reports a RetryAfter longer than
@@ -8,6 +8,7 @@
 // more than 8 buckets into the window), these report the exact one, and a
 // sliding log names the strategy whose exact RetryAfter is the longest.
 // What they lack is sharing: their state lives in this process alone.
+// Their grants refund as the Redis limiters' do (redlimit.Grant).
 //
 // # Alone or as a fallback
 //

@@ -136,6 +136,27 @@ func (g *grantGroup) RefundGrant(ctx context.Context, _, _ string, _, n int) err
 	return RefundAll(ctx, g.grants, n)
 }
 
+// ReleaseGrant releases the leases of every grant of the group, as one
+// batch, and leaves their other permits counted.
+func (g *grantGroup) ReleaseGrant(ctx context.Context, _, _ string, took int) error {
+	var leases []Grant
+	var errs []error
+	for _, p := range g.grants {
+		switch src := p.src.(type) {
+		case *Engine:
+			if src.leases {
+				leases = append(leases, p)
+			}
+		case Releaser:
+			if err := src.ReleaseGrant(ctx, p.key, p.token, p.n); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	errs = append(errs, RefundAll(ctx, leases, took))
+	return errors.Join(errs...)
+}
+
 // trip is one request of a batch, and its outcome.
 type trip struct {
 	t    *roundTrip

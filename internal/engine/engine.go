@@ -21,7 +21,10 @@ type Config struct {
 	Clock     func() time.Time
 	DenyCache int // entries; 0 = off
 	Capacity  int // the most permits one request can ever get (the smallest limit)
-	Observe   func(Event)
+	// Leases marks an algorithm whose grants hold something in flight (a
+	// Concurrency's): Grant.Release refunds them.
+	Leases  bool
+	Observe func(Event)
 	// Breaker guards the round trips (nil: none); its errors match
 	// ErrUnavailable. Fallback, when set, decides a call Redis
 	// could not: see fallback.go.
@@ -79,6 +82,7 @@ type Engine struct {
 	clock     func() time.Time
 	cache     *denyCache
 	observe   func(Event)
+	leases    bool // Config.Leases
 	// fallbackFn is Config.Fallback: it decides a call Redis could not.
 	fallbackFn func(ctx context.Context, key string, n int) (Reply, error)
 	argsAt     func(now time.Time) []any // Config.ArgsAt
@@ -99,6 +103,7 @@ func New(rdb redis.Scripter, cfg Config) *Engine {
 		observe:    cfg.Observe,
 		fallbackFn: cfg.Fallback,
 		argsAt:     cfg.ArgsAt,
+		leases:     cfg.Leases,
 	}
 	if cfg.DenyCache > 0 {
 		e.cache = newDenyCache(cfg.DenyCache, cfg.Capacity)
@@ -390,4 +395,14 @@ func QuoteKey(key string) string {
 func (e *Engine) RefundGrant(ctx context.Context, key, token string, took, n int) error {
 	_, _, err := e.Refund(ctx, key, token, n)
 	return err
+}
+
+// ReleaseGrant ends the leases of a grant, for an algorithm whose grants
+// are leases (Config.Leases), by refunding all it took; other grants hold
+// nothing in flight and are left as they are (see Grant.Release).
+func (e *Engine) ReleaseGrant(ctx context.Context, key, token string, took int) error {
+	if !e.leases {
+		return nil
+	}
+	return e.RefundGrant(ctx, key, token, took, took)
 }
