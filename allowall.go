@@ -23,12 +23,13 @@ type Part struct {
 // trip (on a Cluster, one pipeline per node, in parallel); in-process
 // parts (package inmem, your own Limiters) are decided first, in order. A
 // part whose denial is in its deny cache answers without a round trip,
-// and then nothing is sent; a part whose limiter holds permits for its key
-// (WithReservation) takes them without a round trip, and its Grant
-// refunds into the reservation like any of its grants. A denied call has taken nothing when it
-// returns: parts granted before the denial was known are refunded, in one
-// more round trip (leases released), so no part is charged for a request
-// that was refused; between the grant and the refund, others may find
+// and then nothing is sent; a part whose limiter holds permits for its
+// key (WithReservation) takes them without a round trip, and its Grant
+// refunds into the reservation like any of its grants. A denied call has
+// taken nothing when it returns: parts granted before the denial was
+// known are refunded, in one more round trip (leases released), so no
+// part is charged for a request that was refused; between the grant and
+// the refund, others may find
 // those parts stricter, never looser.
 //
 // Denied, the Result is that of the denying part with the longest
@@ -51,7 +52,6 @@ func AllowAll(ctx context.Context, n int, parts ...Part) (Result, error) {
 	results := make([]Result, len(parts))
 	pending := make([]*engine.Pending, len(parts))
 	sent := make([]*engine.Pending, 0, len(parts))
-	local := make([]bool, len(parts)) // answered from a reservation
 	var grants []Grant
 	undo := func() error { return engine.RefundAll(context.WithoutCancel(ctx), grants, n) }
 	for i, p := range parts {
@@ -63,7 +63,7 @@ func AllowAll(ctx context.Context, n int, parts ...Part) (Result, error) {
 		if l.reserve != nil {
 			if res, ok := l.reserve.takeLocal(ctx, p.Key, n); ok {
 				res.Part = i
-				results[i], local[i] = res, true
+				results[i] = res // Allowed: answered from a reservation
 				grants = append(grants, res.Grant)
 				continue
 			}
@@ -83,7 +83,7 @@ func AllowAll(ctx context.Context, n int, parts ...Part) (Result, error) {
 		sent = append(sent, pe)
 	}
 	for i, p := range parts {
-		if pending[i] != nil || local[i] {
+		if pending[i] != nil || results[i].Allowed {
 			continue
 		}
 		res, err := p.Limiter.AllowN(ctx, p.Key, n)
@@ -163,8 +163,8 @@ func checkParts(ctx context.Context, n int, parts []Part) error {
 		if p.Limiter == nil || isNilPointer(p.Limiter) {
 			return engine.Errorf(ErrInvalidArgument, "redlimit: AllowAll: part %d: nil Limiter", i)
 		}
-		if err := engine.CheckArgs(ErrInvalidArgument, fmt.Sprintf("AllowAll: part %d", i), ctx, p.Key); err != nil {
-			return err
+		if err := engine.CheckArgs(ErrInvalidArgument, "AllowAll", ctx, p.Key); err != nil {
+			return fmt.Errorf("redlimit: AllowAll: part %d: %w", i, err)
 		}
 		if rl, ok := p.Limiter.(redisLimiter); ok {
 			if err := rl.redisCore().built(); err != nil {

@@ -147,8 +147,8 @@ func TestDefaultKeyFingerprint(t *testing.T) {
 // configurations in this release.
 var goldenPrefixes = map[string]string{
 	"fw": "redlimit:fw:u7gl87:", // state format 3: a window lasts its stored length; refunds
-	"sw": "redlimit:sw:p0d880:", // state format 9: the key's count in the note's text
-	"sl": "redlimit:sl:d1b2st:", // state format 9
+	"sw": "redlimit:sw:18mo6n:", // state format 10: the key's time, refunds
+	"sl": "redlimit:sl:bn085k:", // state format 10
 	"lb": "redlimit:lb:jfq72b:",
 	"tb": "redlimit:tb:r0ao0p:",
 }

@@ -273,35 +273,44 @@ func TestSlidingClockBackLookKeepsOthersCount(t *testing.T) {
 		require.True(t, want.Allowed, "one grant in Y's window when the clock went back: %+v", want)
 		got, err := y.AllowN(ctx, "looked", 2)
 		require.NoError(t, err)
-		require.Equal(t, want, got, "X's look changed what Y reads")
+		require.Equal(t, withoutGrant(want), withoutGrant(got), "X's look changed what Y reads")
 	})
 }
 
 // A grant in the tail's bucket by a configuration denser than any before
-// records it in the meta, though the grant changes nothing else of the
-// note: (5 per 10s) grants, then (50 per 10s) in the same bucket. The
-// meta's densest writer bounds what a longer configuration counts as used
-// in buckets trimmed away, so a stale one would count too few.
-func TestSlidingMetaRecordsDensestWriter(t *testing.T) {
+// counts for what a longer configuration reads of buckets trimmed away:
+// A = 1 per 10ms grants 1 at 0, B = 10 per 10ms grants 6 in the same bucket,
+// and A's grant at 20ms trims that bucket (B lapsed at 10ms). At 31ms (A
+// lapsed too), Z = 20 per 40ms, whose window reaches it, counts all 8
+// granted: the 7 trimmed ones as what the densest writer, B, could have
+// granted there (a bound of 30, so the 7 themselves), where A's rate and
+// burst alone would bound them by 3.
+func TestSlidingTrimmedCountsDensestWriter(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, be backend) {
 		ctx := context.Background()
-		clock := newClock()
-		opts := []Option{WithPrefix("densest:" + be.name + ":"), WithClock(clock.Now)}
-		sparse, err := NewSlidingWindow(be.rdb, 5, 10*time.Second, 100*ms, opts...)
+		clock, opts := prefixClock(be, "densest")
+		a, err := NewSlidingWindow(be.rdb, 1, 10*ms, ms, opts...)
 		require.NoError(t, err)
-		dense, err := NewSlidingWindow(be.rdb, 50, 10*time.Second, 100*ms, opts...)
+		b, err := NewSlidingWindow(be.rdb, 10, 10*ms, ms, opts...)
 		require.NoError(t, err)
-		for _, l := range []*SlidingWindow{sparse, dense} {
-			r, err := l.Allow(ctx, "k")
+		z, err := NewSlidingWindow(be.rdb, 20, 40*ms, ms, opts...)
+		require.NoError(t, err)
+		steps := []struct {
+			l  *SlidingWindow
+			at time.Duration
+			n  int
+		}{{a, 0, 1}, {b, 500 * us, 6}, {a, 20 * ms, 1}}
+		for i, s := range steps {
+			clock.now = epoch.Add(s.at)
+			r, err := s.l.AllowN(ctx, "k", s.n)
 			require.NoError(t, err)
-			require.True(t, r.Allowed)
-			clock.Advance(10 * ms)
+			require.True(t, r.Allowed, "step %d: %+v", i, r)
 		}
-		// The meta, at +inf, sorts last, after the configurations' entries.
-		meta, err := be.rdb.ZRange(ctx, dense.RedisKey("k"), -2, -1).Result()
+		clock.now = epoch.Add(31 * ms)
+		r, err := z.AllowN(ctx, "k", 0)
 		require.NoError(t, err)
-		require.Contains(t, meta, "w9 100000 10000000 50 10000000 50", "the meta (grid, longest window, densest writer, largest burst) and the last entry")
+		require.Equal(t, 12, r.Remaining, "Z's window holds the 8 granted: %+v", r)
 	})
 }
 
@@ -491,7 +500,7 @@ func TestSlidingTwinClockBackPrecisions(t *testing.T) {
 		require.NoError(t, err)
 		at(177838)
 		ra, rb := both(x, 2)
-		require.Equal(t, ra, rb)
+		require.Equal(t, withoutGrant(ra), withoutGrant(rb))
 		at(185358)
 		ra, rb = both(x, 4)
 		require.Equal(t, ra.Allowed, rb.Allowed)
@@ -587,7 +596,7 @@ func TestSlidingTwinKeys(t *testing.T) {
 				require.NoError(t, err)
 				b, err := limiters[c].AllowN(ctx, "b", n)
 				require.NoError(t, err)
-				require.Equal(t, a, b, "trace %d step %d: %s n=%d (configurations %v)", tr, i, names[c], n, names)
+				require.Equal(t, withoutGrant(a), withoutGrant(b), "trace %d step %d: %s n=%d (configurations %v)", tr, i, names[c], n, names)
 				a, b, differ := twinExtraCalls(t, rng, limiters, smallest)
 				require.False(t, differ, "trace %d step %d: a grant on b made on a too: on a %+v, on b %+v (configurations %v)", tr, i, a, b, names)
 			}
@@ -752,7 +761,7 @@ func TestSlidingClockBackAgainstModel(t *testing.T) {
 				if want.RetryAfterUS == model.Never {
 					w.RetryAfter = Never
 				}
-				require.Equal(t, w, got, "trace %d step %d (%v), n=%d", tr, i, clock.now.Sub(epoch), n)
+				require.Equal(t, w, withoutGrant(got), "trace %d step %d (%v), n=%d", tr, i, clock.now.Sub(epoch), n)
 			}
 		}
 	})
@@ -805,17 +814,19 @@ func TestSlidingDenyCacheFieldForField(t *testing.T) {
 				require.NoError(t, err)
 				got, err := cached.AllowN(ctx, "b", n)
 				require.NoError(t, err)
-				require.Equal(t, want, got, "trace %d (by %v %v) step %d n=%d", tr, precision, s, i, n)
+				require.Equal(t, withoutGrant(want), withoutGrant(got), "trace %d (by %v %v) step %d n=%d", tr, precision, s, i, n)
 			}
 		}
 		require.Positive(t, local, "the deny cache answered some calls")
 	})
 }
 
-// The Redis commands of a sliding decision on a key its windows have
-// seen: a grant in the tail's bucket reads the note and replaces it with
-// one of the new count, ZRANGE, ZADD and ZREM; a denial only reads. On a
-// server of its own: INFO commandstats counts every client's commands.
+// The Redis commands of a sliding decision are bounded (DESIGN property 9),
+// whatever the key holds: a grant reads the note and one bucket per
+// strategy, writes the note and removes the old one, and now and then sets
+// the TTL or trims; a denial only reads, and a denying strategy reads its
+// window's first buckets once. On a server of its own: INFO commandstats
+// counts every client's commands.
 func TestSlidingCommandsPerDecision(t *testing.T) {
 	skipShort(t, "starts a redis-server")
 	t.Parallel()
@@ -826,29 +837,32 @@ func TestSlidingCommandsPerDecision(t *testing.T) {
 	require.NoError(t, err)
 	log, err := NewSlidingLog(rdb, time.Second, []Strategy{{100, time.Minute}, {1000, time.Hour}}, WithClock(clock.Now))
 	require.NoError(t, err)
-	for _, l := range []Limiter{window, log} {
-		r, err := l.Allow(ctx, "k") // the first grant writes the whole state
-		require.NoError(t, err)
-		require.True(t, r.Allowed)
+	for _, c := range []struct {
+		l          Limiter
+		strategies int64
+	}{{window, 1}, {log, 2}} {
 		before := cmdCalls(t, rdb)
-		for range 98 { // grants in the tail's bucket, up to the limit
-			clock.Advance(time.Millisecond)
-			r, err := l.Allow(ctx, "k")
+		const grants, denials = 100, 40
+		for i := range grants { // one grant every 300ms: some buckets hold 3, some 4
+			r, err := c.l.Allow(ctx, "k")
 			require.NoError(t, err)
-			require.True(t, r.Allowed)
+			require.True(t, r.Allowed, "grant %d", i)
+			clock.Advance(300 * time.Millisecond)
 		}
-		for range 20 { // denials
-			r, err := l.AllowN(ctx, "k", 2)
+		for range denials {
+			r, err := c.l.AllowN(ctx, "k", 2)
 			require.NoError(t, err)
 			require.False(t, r.Allowed)
 		}
 		after := cmdCalls(t, rdb)
-		delta := map[string]int64{}
+		total := int64(0)
 		for name, n := range after {
-			if d := n - before[name]; d > 0 && name != "info" && name != "evalsha" {
-				delta[name] = d
+			if name != "info" && name != "evalsha" {
+				total += n - before[name]
 			}
 		}
-		require.Equal(t, map[string]int64{"zrange": 118, "zadd": 98, "zrem": 98}, delta, "%T: one read a decision, one note written and one removed a grant", l)
+		most := grants*(5+c.strategies+2) + denials*(1+2*c.strategies)
+		require.LessOrEqual(t, total, most, "%T: commands for %d grants and %d denials (%v)", c.l, grants, denials, after)
+		clock.Advance(2 * time.Hour)
 	}
 }

@@ -38,73 +38,83 @@ func (e *environment) memory() ([]memoryResult, error) {
 			logf("memory: %s skipped: %v", c.name, err)
 			continue
 		}
-		if e.owned {
-			if err := e.admin.FlushAll(e.ctx).Err(); err != nil {
-				return nil, err
-			}
-		}
-		// Key names of equal length for every contender; the library adds its prefix.
-		tag := fmt.Sprintf("mem%02d", i)
-		if !e.owned {
-			tag += e.run
-		}
-		keys := make([]string, e.f.memKeys)
-		for k := range keys {
-			keys[k] = fmt.Sprintf("%s:%05d", tag, k)
-		}
-		time.Sleep(50 * time.Millisecond)
-		before, err := readStats(e.ctx, e.admin)
+		m, err := e.keyMemory(fmt.Sprintf("mem%02d", i), c, decide)
 		if err != nil {
 			return nil, err
 		}
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		var firstErr atomic.Value
-		for g := 0; g < e.f.goroutines; g++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					k := next.Add(1) - 1
-					if k >= int64(len(keys)) {
-						return
-					}
-					if _, err := decide(e.ctx, keys[k]); err != nil {
-						firstErr.CompareAndSwap(nil, err)
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		if err, _ := firstErr.Load().(error); err != nil {
-			return nil, fmt.Errorf("%s: %w", c.name, err)
-		}
-		after, err := readStats(e.ctx, e.admin)
-		if err != nil {
-			return nil, err
-		}
-		m := memoryResult{Name: c.name, Algorithm: c.algorithm, Keys: len(keys),
-			UsedMemoryPer: float64(after.usedMemory-before.usedMemory) / float64(len(keys))}
-		found, _, err := e.admin.Scan(e.ctx, 0, "*"+keys[0], 0).Result()
-		for cursor := uint64(0); err == nil && len(found) == 0; {
-			found, cursor, err = e.admin.Scan(e.ctx, cursor, "*"+keys[0], 1000).Result()
-			if cursor == 0 {
-				break
-			}
-		}
-		if err != nil {
-			return nil, err
-		}
-		if len(found) > 0 {
-			m.SampleKey = found[0]
-			m.MemoryUsage, _ = e.admin.MemoryUsage(e.ctx, m.SampleKey, 0).Result()
-			m.Type, _ = e.admin.Type(e.ctx, m.SampleKey).Result()
-			m.Encoding, _ = e.admin.ObjectEncoding(e.ctx, m.SampleKey).Result()
-		}
-		logf("memory: %s: %d B (MEMORY USAGE %s), %.1f B/key used_memory", c.name, m.MemoryUsage, m.SampleKey, m.UsedMemoryPer)
 		out = append(out, m)
 	}
 	return out, nil
+}
+
+// keyMemory writes one decision of c on each of f.memKeys fresh keys
+// named after tag, and reads what Redis spends on them: used_memory's
+// growth per key, and MEMORY USAGE of one of them.
+func (e *environment) keyMemory(tag string, c contender, decide decider) (memoryResult, error) {
+	if e.owned {
+		if err := e.admin.FlushAll(e.ctx).Err(); err != nil {
+			return memoryResult{}, err
+		}
+	}
+	// Key names of equal length for every contender; the library adds its prefix.
+	if !e.owned {
+		tag += e.run
+	}
+	keys := make([]string, e.f.memKeys)
+	for k := range keys {
+		keys[k] = fmt.Sprintf("%s:%05d", tag, k)
+	}
+	time.Sleep(50 * time.Millisecond)
+	before, err := readStats(e.ctx, e.admin)
+	if err != nil {
+		return memoryResult{}, err
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	for g := 0; g < e.f.goroutines; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				k := next.Add(1) - 1
+				if k >= int64(len(keys)) {
+					return
+				}
+				if _, err := decide(e.ctx, keys[k]); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err, _ := firstErr.Load().(error); err != nil {
+		return memoryResult{}, fmt.Errorf("%s: %w", c.name, err)
+	}
+	after, err := readStats(e.ctx, e.admin)
+	if err != nil {
+		return memoryResult{}, err
+	}
+	m := memoryResult{Name: c.name, Algorithm: c.algorithm, Keys: len(keys),
+		UsedMemoryPer: float64(after.usedMemory-before.usedMemory) / float64(len(keys))}
+	found, _, err := e.admin.Scan(e.ctx, 0, "*"+keys[0], 0).Result()
+	for cursor := uint64(0); err == nil && len(found) == 0; {
+		found, cursor, err = e.admin.Scan(e.ctx, cursor, "*"+keys[0], 1000).Result()
+		if cursor == 0 {
+			break
+		}
+	}
+	if err != nil {
+		return memoryResult{}, err
+	}
+	if len(found) > 0 {
+		m.SampleKey = found[0]
+		m.MemoryUsage, _ = e.admin.MemoryUsage(e.ctx, m.SampleKey, 0).Result()
+		m.Type, _ = e.admin.Type(e.ctx, m.SampleKey).Result()
+		m.Encoding, _ = e.admin.ObjectEncoding(e.ctx, m.SampleKey).Result()
+	}
+	logf("memory: %s: %d B (MEMORY USAGE %s), %.1f B/key used_memory", c.name, m.MemoryUsage, m.SampleKey, m.UsedMemoryPer)
+	return m, nil
 }
 
 // exactnessResult is one contender's run of the exactness check.

@@ -54,7 +54,7 @@ func main() {
 	flag.BoolVar(&f.adverse, "adversarial", false, "only measure sliding-window calls on adversarial states and exit")
 	flag.StringVar(&f.jsonPath, "json", "", "write all results as JSON to this file")
 	flag.StringVar(&f.mdPath, "md", "", "also write the markdown tables to this file")
-	rows := flag.String("rows", "", "only the rows whose \"workload name\" matches this regexp, and no other measurement or target: a focused comparison that can afford more -rounds (see docs/performance.md)")
+	rows := flag.String("rows", "", "only the rows whose \"workload name\" matches this regexp (and the refunds and features' memory whose \"refund name\" or \"memory name\" does), no other measurement, and only the features' targets: a focused comparison that can afford more -rounds (see docs/performance.md)")
 	flag.Parse()
 	if *rows != "" {
 		re, err := regexp.Compile(*rows)
@@ -148,22 +148,33 @@ func run(f flags) error {
 	if err != nil {
 		return err
 	}
-	if len(rows) == 0 {
-		return fmt.Errorf("-rows %q: no row matches", f.rows)
-	}
-	if err := env.rounds(rows); err != nil {
-		return err
+	if len(rows) > 0 {
+		if err := env.rounds(rows); err != nil {
+			return err
+		}
 	}
 	rep.Rows = summarize(rows)
 	rep.Floors = floors(rep.Rows)
+	if rep.Refunds, err = env.refunds(); err != nil {
+		return fmt.Errorf("refunds: %w", err)
+	}
 	if f.rows != nil {
-		// The targets of the rows run; the others need the whole run.
-		rep.Targets = targets(rep)
+		// Only what -rows names: "memory redlimit calendar_window", say.
+		if rep.FeatureMemory, rep.LeaseMemory, err = env.featureMemory(); err != nil {
+			return fmt.Errorf("feature memory: %w", err)
+		}
+		if len(rows) == 0 && len(rep.Refunds) == 0 && len(rep.FeatureMemory) == 0 && len(rep.LeaseMemory) == 0 {
+			return fmt.Errorf("-rows %q: nothing matches", f.rows)
+		}
+		rep.Features = featureSections(rep)
 		return rep.write(f)
 	}
 
 	if rep.Memory, err = env.memory(); err != nil {
 		return fmt.Errorf("memory: %w", err)
+	}
+	if rep.FeatureMemory, rep.LeaseMemory, err = env.featureMemory(); err != nil {
+		return fmt.Errorf("feature memory: %w", err)
 	}
 	if rep.Exactness, err = env.exactness(); err != nil {
 		return fmt.Errorf("exactness: %w", err)
@@ -178,6 +189,7 @@ func run(f flags) error {
 		return fmt.Errorf("adversarial: %w", err)
 	}
 	rep.Targets = targets(rep)
+	rep.Features = featureSections(rep)
 	return rep.write(f)
 }
 

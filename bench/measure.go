@@ -92,6 +92,10 @@ func (s serverStats) sub(o serverStats) serverStats {
 	return serverStats{s.calls - o.calls, s.scriptCall - o.scriptCall, s.scriptUS - o.scriptUS, s.usedMemory - o.usedMemory}
 }
 
+func (s serverStats) add(o serverStats) serverStats {
+	return serverStats{s.calls + o.calls, s.scriptCall + o.scriptCall, s.scriptUS + o.scriptUS, s.usedMemory + o.usedMemory}
+}
+
 // sequentialResult is one sequential pass: latency and Go allocations.
 type sequentialResult struct {
 	ops, errs   int

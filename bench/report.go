@@ -26,6 +26,17 @@ type report struct {
 	// and with go-redis/redis_rate's, in the same run.
 	Floors  []floorResult  `json:"floors"`
 	Targets []targetResult `json:"targets"`
+	// Refunds are each algorithm's grants and refunds, measured apart
+	// (refunds.go).
+	Refunds []refundResult `json:"refunds"`
+	// FeatureMemory is Redis memory per key of the calendar window, the
+	// fixed window beside it and a concurrency key of one lease;
+	// LeaseMemory that of one key holding more and more live leases.
+	FeatureMemory []memoryResult      `json:"feature_memory"`
+	LeaseMemory   []leaseMemoryResult `json:"lease_memory"`
+	// Features are the targets of issues 35, 37, 38, 39 and 40, a section per
+	// feature (featurereport.go).
+	Features []featureSection `json:"features"`
 }
 
 // floorResult is one algorithm under one workload next to its floor and
@@ -311,7 +322,6 @@ func targets(rep report) []targetResult {
 		out = append(out, targetResult{Target: "hot + WithDenyCache: Redis calls per decision, decisions identical", Subject: d.Algorithm, Measured: r.RoundTripsPerDecision, Want: "<= 0.01 and identical", Pass: pass,
 			Note: fmt.Sprintf("%d/%d decisions identical to uncached (fake clock)", d.SameAllowed, d.Decisions)})
 	}
-	out = append(out, reservationTargets(find)...)
 	for _, rc := range redlimitConstructors {
 		if r := find("autopipeline", "redlimit "+rc.algorithm); r != nil {
 			out = append(out, targetResult{Target: "AutoPipeline decisions/s ÷ autopipelined return 1", Subject: rc.algorithm, Measured: r.VsReturnOne, Want: ">= 0.6", Pass: r.VsReturnOne >= 0.6,
@@ -369,6 +379,7 @@ func (rep report) markdown() string {
 		b.WriteString(adversarialMarkdown(rep.Adversarial))
 	}
 	b.WriteString(floorsMarkdown(rep.Floors))
+	b.WriteString(featuresMarkdown(rep))
 	b.WriteString(reservationMarkdown(rep.Rows))
 	if len(rep.Targets) > 0 {
 		p("\n| target | subject | measured | want | result | note |\n|---|---|--:|---|---|---|\n")

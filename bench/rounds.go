@@ -114,7 +114,12 @@ func (e *environment) buildRows() ([]*row, error) {
 			rows = append(rows, r)
 		}
 	}
-	return rows, nil
+	// The rows of leases, AllowAll and calendar windows (features.go).
+	more, err := e.featureRows()
+	if err != nil {
+		return nil, err
+	}
+	return append(rows, more...), nil
 }
 
 // rounds runs every row once per round, each round starting at another row,

@@ -123,20 +123,26 @@ func redlimitContenders(suffix string) []contender {
 				if err != nil {
 					return nil, err
 				}
-				return func(ctx context.Context, key string) (bool, error) {
-					err := l.TryAcquire(ctx, key)
-					if err == nil {
-						return true, nil
-					}
-					if errors.Is(err, redlimit.ErrAcquireFailed) {
-						return false, nil
-					}
-					return false, err
-				}, nil
+				return tryAcquire(l), nil
 			},
 		})
 	}
 	return out
+}
+
+// tryAcquire is the decider of every redlimit row: TryAcquire, a denial
+// being no error.
+func tryAcquire(l redlimit.Limiter) decider {
+	return func(ctx context.Context, key string) (bool, error) {
+		err := l.TryAcquire(ctx, key)
+		if err == nil {
+			return true, nil
+		}
+		if errors.Is(err, redlimit.ErrAcquireFailed) {
+			return false, nil
+		}
+		return false, err
+	}
 }
 
 // peers are the libraries people would otherwise pick. mennanov/limiters is

@@ -8,21 +8,24 @@ import (
 	"time"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/engine"
 )
 
 // SlidingWindow grants at most limit permits in any window, in process,
-// counted in buckets of precision aligned to the Unix epoch. It decides as
-// redlimit.SlidingWindow does.
+// counted in buckets of precision aligned to the Unix epoch. It decides,
+// and its Grants refund, as redlimit.SlidingWindow does.
 type SlidingWindow struct{ log }
 
 // SlidingLog enforces several sliding-window limits at once over one shared
-// set of buckets, in process. It decides, and reports, as
+// set of buckets, in process. It decides, reports, and its Grants refund, as
 // redlimit.SlidingLog does.
 type SlidingLog struct{ log }
 
 var (
 	_ redlimit.Limiter = (*SlidingWindow)(nil)
 	_ redlimit.Limiter = (*SlidingLog)(nil)
+	_ engine.Refunder  = (*SlidingWindow)(nil)
+	_ engine.Refunder  = (*SlidingLog)(nil)
 )
 
 // NewSlidingWindow returns an in-process limiter granting at most limit
@@ -64,18 +67,21 @@ type log struct {
 // logState is one key: its nonempty buckets, oldest first, and for each
 // strategy the position of the oldest bucket inside its window and the
 // permits the window holds. Only the buckets that leave a window are read.
-// The key keeps its own time, offsetUS ahead of the clock, as the script
-// does: when a call falls in a bucket before the last grant's (tail), the
-// clock went back, and the offset grows so that the key's time stands
-// still in that bucket until the clock catches up.
+// The key keeps its time as the script does (DESIGN "A key's time"): it
+// records the time of its last grant, and a call decides at the later of
+// its clock and that time.
 type logState struct {
-	buckets  []logBucket
-	cursor   []int // into buckets
-	total    []int64
-	lastB    int64 // the bucket of the last decision
-	tail     int64 // the bucket of the last grant, once granted is set
-	granted  bool
-	offsetUS int64
+	buckets    []logBucket
+	cursor     []int // into buckets
+	total      []int64
+	lastB      int64 // the bucket of the last decision
+	tail       int64 // the bucket of the last grant, once granted is set
+	granted    bool
+	recordedUS int64 // the key's time as of its last grant
+	// count is every permit the key granted: a grant is named by the count
+	// after it, and by its bucket. refunds are what refunds gave back.
+	count int64
+	refunds
 }
 
 type logBucket struct{ index, count int64 }
@@ -146,6 +152,9 @@ func (l *log) AllowN(ctx context.Context, key string, n int) (redlimit.Result, e
 		}
 	}
 	r, resetUS := l.decide(&s, now, int64(n))
+	if r.Allowed && n > 0 {
+		r.Grant = engine.NewGrant(l, key, n, fmt.Sprintf("%d.%d.%d", s.tail, s.count, n))
+	}
 	if e == nil && resetUS > 0 {
 		// The state escapes to the store: give it its own arrays.
 		s.cursor, s.total = slices.Clone(s.cursor), slices.Clone(s.total)
@@ -205,12 +214,53 @@ func (l *log) advance(s *logState, b int64) {
 	}
 }
 
+// decide decides at the key's time: the later of now and the time the key
+// recorded at its last grant. A recorded time ahead of now by more than
+// the longest window is a clock gone wrong: the call decides on now, on a
+// view of the key whose buckets are all it holds, in now's bucket, and
+// only a grant keeps that view.
 func (l *log) decide(s *logState, now, n int64) (redlimit.Result, int64) {
-	P := l.precisionUS
-	if b := floorDiv(now+s.offsetUS, P); s.granted && b < s.tail {
-		s.offsetUS += (s.tail - b) * P
+	t := now
+	if s.granted && s.recordedUS > now {
+		t = s.recordedUS
+		if s.recordedUS-now > l.sizes[len(l.sizes)-1]*l.precisionUS {
+			view := l.carried(s, now)
+			r, resetUS := l.decideAt(&view, now, now, n)
+			if r.Allowed && n > 0 {
+				*s = view
+			}
+			return r, resetUS
+		}
 	}
-	t := now + s.offsetUS
+	return l.decideAt(s, t, now, n)
+}
+
+// carried is the view of s from a clock gone wrong at now: all s holds
+// (its longest window as of its last grant) in now's bucket. No earlier
+// grant refunds on it.
+func (l *log) carried(s *logState, now int64) logState {
+	S := len(l.sizes)
+	b := floorDiv(now, l.precisionUS)
+	view := logState{cursor: make([]int, S), total: make([]int64, S), lastB: b, tail: b, count: s.count}
+	view.horizon = s.count
+	held := int64(0)
+	for _, bk := range s.buckets {
+		if bk.index > s.tail-l.sizes[S-1] {
+			held += bk.count
+		}
+	}
+	if held > 0 {
+		view.buckets = []logBucket{{index: b, count: held}}
+		for i := range S {
+			view.total[i] = held
+		}
+	}
+	return view
+}
+
+// decideAt decides at the key's time t; durations are from now.
+func (l *log) decideAt(s *logState, t, now, n int64) (redlimit.Result, int64) {
+	P := l.precisionUS
 	b := floorDiv(t, P)
 	l.advance(s, b)
 	S := len(l.sizes)
@@ -233,7 +283,7 @@ func (l *log) decide(s *logState, now, n int64) (redlimit.Result, int64) {
 			for _, bk := range s.buckets[s.cursor[i]:] {
 				acc += bk.count
 				if acc >= excess {
-					retry = (bk.index+l.sizes[i])*P - t
+					retry = (bk.index+l.sizes[i])*P - now
 					break
 				}
 			}
@@ -247,7 +297,8 @@ func (l *log) decide(s *logState, now, n int64) (redlimit.Result, int64) {
 			break
 		}
 		r.Allowed = true
-		s.tail, s.granted = b, true
+		s.tail, s.granted, s.recordedUS = b, true, t
+		s.count += n
 		if k := len(s.buckets); k > 0 && s.buckets[k-1].index == b {
 			s.buckets[k-1].count += n
 		} else {
@@ -270,10 +321,64 @@ func (l *log) decide(s *logState, now, n int64) (redlimit.Result, int64) {
 	r.Limit = int(l.limits[reported])
 	resetUS := int64(0)
 	if k := len(s.buckets); k > 0 {
-		resetUS = max(0, (s.buckets[k-1].index+l.sizes[S-1])*P-t)
+		resetUS = max(0, (s.buckets[k-1].index+l.sizes[S-1])*P-now)
 	}
 	r.ResetAfter = microsDuration(resetUS)
 	return r, resetUS
+}
+
+// refund gives back permits of the grant the token names ("bucket.count.n")
+// until k of them in all were given back, while its bucket is kept and not
+// on a clock gone wrong: the script's rule. It returns the permits given.
+func (l *log) refund(s *logState, now int64, token string, k int64) int64 {
+	var bucket, at, took int64
+	if _, err := fmt.Sscanf(token, "%d.%d.%d", &bucket, &at, &took); err != nil || took < 1 || at > s.count {
+		return 0
+	}
+	if s.recordedUS-now > l.sizes[len(l.sizes)-1]*l.precisionUS {
+		return 0
+	}
+	kept, ok := s.refunds.given(at)
+	if !ok {
+		return 0
+	}
+	i := slices.IndexFunc(s.buckets, func(bk logBucket) bool { return bk.index == bucket })
+	if i < 0 {
+		return 0
+	}
+	back := min(k, took, kept+s.buckets[i].count) - kept
+	if back <= 0 {
+		return 0
+	}
+	// A bucket refunded to nothing stays until it leaves the window, as
+	// the script keeps it (ResetAfter).
+	s.buckets[i].count -= back
+	for j := range s.total {
+		if i >= s.cursor[j] {
+			s.total[j] -= back
+		}
+	}
+	s.refunds.record(at, kept+back)
+	return back
+}
+
+// RefundGrant gives back permits of a grant this limiter made (see
+// redlimit.Grant): until n of them in all have been given back.
+func (l *log) RefundGrant(ctx context.Context, key, token string, took, n int) error {
+	if err := checkCall(ctx, l.algorithm, key, 0); err != nil {
+		return err
+	}
+	now, err := l.store.nowUS(ctx, l.algorithm)
+	if err != nil {
+		return err
+	}
+	sh := l.store.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.m[key]; e != nil {
+		l.refund(&e.state, now, token, int64(n))
+	}
+	return nil
 }
 
 // used is the largest share of a strategy's limit s has in use, as of its

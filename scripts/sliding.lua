@@ -1,11 +1,12 @@
--- sliding.lua: the sliding window and the sliding log. A configuration has
--- a precision P and one or more strategies (L_i, S_i): at most L_i permits
--- in the S_i buckets of P ending with the bucket of now. A request is
--- allowed only if every strategy allows it.
+-- sliding.lua: the sliding window and the sliding log. A configuration has a
+-- precision P and one or more strategies (L_i, S_i): at most L_i permits in
+-- the S_i buckets of P ending with the bucket of the key's time. A request
+-- is allowed only if every strategy allows it.
 --
 -- KEYS[1]  the key
 -- ARGV[1]  now: Unix µs, or "" to read the Redis server's TIME
--- ARGV[2]  n: permits asked for (>= 0)
+-- ARGV[2]  n: permits asked for (>= 0); or a refund, "-<k>:<token>": give
+--          back permits of the grant the token names until k in all were
 -- ARGV[3]  kind: "w" for a sliding window, "l" for a sliding log (each
 --          reads the other's state as foreign)
 -- ARGV[4]  precision P: this configuration's bucket length (µs)
@@ -15,435 +16,530 @@
 -- last     under WithPrefix only: "1", the key may be shared with other
 --          configurations (a default key's prefix names its configuration)
 --
--- Times and durations are integer µs in Lua numbers, exact below 2^53 (Go
--- keeps every value below it), sent through format('%d'): Lua's own
--- conversion keeps 14 digits. Counts of permits granted on a key since it
--- began are kept modulo BUCKET0 = 2^52: a count in a window is a
--- difference of two, exact as long as no window holds 2^52 permits.
+-- Times are integer µs in Lua numbers, exact below 2^53, sent to Redis
+-- through format('%d') (Lua's own conversion keeps 14 digits). Counts are
+-- kept modulo COUNTS = 2^52: a count in a window is a difference of two.
 --
--- State (format 9, docs/internals.md): a sorted set whose scores keep its
--- members in order. The note, score 0, is what the decision reads:
---   "<kind>9:K T base C", then "+O" unless O is 0, then " T-f cb ni-f" per
---   remembered window
--- K, the key's count, is in the text and not the score, so that a call
--- reads the note without its score: Redis 7.0 prints a score with %.17g,
--- several percent of a denial's Redis time. A grant in the tail's bucket
--- then writes the note of the new count and removes the old one.
--- Every bucket before the tail T (the last bucket granted in) that holds a
--- permit: score BUCKET0 + the bucket's index on the key's grid G
--- (floor(µs / G), in the key's time: see clock), member the decimal count
--- up to and including that bucket (cumulative, so members are unique and
--- the count in any span of buckets is one subtraction). base is the count
--- of the last bucket trimmed away, plus BUCKET0 once the key's count
--- wrapped; C the first bucket index still fully known; O how far (µs) the
--- key's time is ahead of the clock. A remembered window starting at bucket
--- f holds the count of every permit granted before f (cb) and the first
--- bucket from f on that holds a permit (ni): facts about buckets before
--- the tail, which no later grant changes, so a call whose windows start
--- from f to ni reads no bucket. Under WithPrefix, also one member per
--- configuration that granted, score ENTRY0 + the start (µs) of its last
--- grant's bucket, text "P L_1 S_1 L_2 S_2 ...": its strategies bind every
--- call until that bucket leaves its longest window (until, read with the
--- key's O of the time: see clock); and the meta, score
--- +inf, "<kind>9 G R Ln Wn Lm": G the grid (µs, the first writer's
--- precision); R the longest window (µs) of any configuration that granted;
--- Ln per Wn µs the densest strategy of any that granted, and Lm the
--- largest limit of their densest strategies: in U µs, no writer granted
--- more than Ln * ceil(U / Wn) + 2 * Lm. A default key, which only one
--- configuration ever reads, keeps neither: its grid, windows and densest
--- strategy are its configuration's.
+-- State, format 10 (docs/internals.md), a sorted set:
+--   score 0       the note "<kind>:K t", then " d" under WithPrefix: K the
+--                 key's count (every permit it granted), t the key's time
+--                 (the latest clock a grant decided at), t + d the tail.
+--   score 1       the aux, only once the key trimmed buckets or took a
+--                 refund: "<kind>+base C H x g", then " s e given" for each
+--                 refunded grant (see refund).
+--   score e       a bucket before the tail that holds permits: e is its
+--                 position (µs), the member the key's count up to it.
+--   ENTRY0 + e    under WithPrefix, a configuration that granted, its last
+--                 grant at position e: "P L_1 S_1 L_2 S_2 ...".
+--   +inf          under WithPrefix, the meta "<kind> Ln Wn Lm": the densest
+--                 strategy of any writer, Ln per Wn µs, and their largest Lm.
+-- A grant by precision P at the key's time t is recorded at the last µs of
+-- its bucket, e = end(t, P), or in the tail when that is later: a bucket's
+-- position is never before any of its grants, so every configuration counts
+-- it as late as it could have been granted (never looser), and a
+-- configuration alone on the key counts its own grants exactly.
 --
 -- The reply is six integers: allowed (0/1), remaining, retry-after µs (-1:
--- never), reset-after µs, the index of the strategy reported, and stable µs:
--- how long the same request gets the same reply but for its durations
--- counting down (the deny cache's bound).
+-- never), reset-after µs, the index of the strategy reported, and stable µs
+-- (how long the same request gets the same reply but for its durations:
+-- the deny cache's bound); and, after a grant, the grant's token
+-- "e.s.n" (its position, the key's count after it, its permits). A refund
+-- replies "1 remaining 0 reset strategy -1 given".
 --
--- The steps of a decision are the sections below, in order: read_args,
--- read_state, clock, strategies, check (for each strategy), decide, apply,
--- write, reply. Redis builds every function anew on each call, and one
--- using the chunk's locals costs about a small command (callgrind): the
--- steps are sections of one chunk; the functions take their arguments.
+-- The steps are the functions below, in the order a decision runs them:
+-- read_args, read_state, key_time, strategies, (refund), check, decide,
+-- apply, write, reply.
 
-local KEY, KIND = KEYS[1], ARGV[3]
-local find, match, format = string.find, string.match, string.format
--- The scores, exact integers below 2^53: the note's is 0; a bucket's is
--- BUCKET0 + its index (below 2^44: µs below 2^53 in buckets of 1ms at
--- least); an entry's is ENTRY0 = 2^52 + 2^44, plus a time in µs (below
--- 2^52 - 2^44: the year 2112).
-local BUCKET0, ENTRY0 = 4503599627370496, 4521191813414912
+local unpack = table.unpack or unpack
+local find, match, format, floor = string.find, string.match, string.format, math.floor
+local COUNTS = 4503599627370496 -- 2^52
+local ENTRY0 = 4503599627370496 -- entries' scores: 2^52 + a position below 2^52
+local FIRST = 2 -- the lowest score a bucket can have (its position is at least 999)
 local SCAN = 8 -- most buckets one call reads to find a RetryAfter, or trims
--- Every floor(a / b), as (a - a % b) / b or math.floor(a / b), is exact:
--- for integers |a| < 2^53 and b >= 1, a / b never rounds up to an integer.
+local RECORDS = 16 -- most refunded grants a key keeps a record of
+-- Every floor(a / b) here is exact: for integers 0 <= a < 2^53 and b >= 1,
+-- a / b never rounds up to an integer.
 
--- The time (µs) bucket k of a grid of g µs leaves the window of S buckets
--- of p µs: the first window start after the bucket's end, plus the window.
--- Windows start at multiples of p on the caller's clock, o µs behind.
-local function leaves(k, g, S, p, o)
-  local e = (k + 1) * g - o + p - 1
-  return e - e % p + o + (S - 1) * p
+-- The last µs of the bucket of p µs that holds time t.
+local function bucket_end(t, p)
+  return t - t % p + p - 1
 end
 
--- The densest strategy (most permits per µs) of the configuration of
--- precision p with strategies ARGV[5..last] (see the meta).
-local function densest(p, last)
+-- The time a bucket at position e leaves the window of S buckets of p µs.
+local function leaves(e, S, p)
+  return (floor(e / p) + S) * p
+end
+
+-- The first µs of the window of S buckets of p µs at time t.
+local function window_start(t, S, p)
+  return t - t % p - (S - 1) * p
+end
+
+-- The densest strategy (most permits per µs) of ARGV's configuration.
+local function densest(req)
   local L, W = 0, 1
-  for i = 5, last, 2 do
-    if ARGV[i] * W > L * ARGV[i + 1] * p then L, W = ARGV[i] + 0, ARGV[i + 1] * p end
+  for i = 1, req.own do
+    local l, w = req.limits[i], req.sizes[i] * req.P
+    if l * W > L * w then L, W = l, w end
   end
   return L, W
 end
 
--- read_args: the request and the configuration: precision P, its
--- strategies in ARGV[5..last] (limit and size), the smallest limit first.
-local n, P, now = ARGV[2] + 0, ARGV[4] + 0, ARGV[1]
-if now == '' then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-else
-  now = now + 0
-end
-local last = #ARGV
-local shared = last % 2 == 1
-if shared then last = last - 1 end
-local smallest = ARGV[5] + 0
-
--- read_state: the note, the key's lowest member; under WithPrefix, then
--- the entries and the meta; or an empty key's state (no tail: T = -1).
--- Without a meta, the grid G is this configuration's precision, and R
--- (read on a grant) and Ln, Wn, Lm (where needed) are its longest window
--- and densest strategy. The text after the key's count starts at the
--- note's character rest, its remembered windows at remembered. A state in a previous released format (a sorted set whose
--- first member is a format 8 note, or whose last is a format 7 note or a
--- format 6 meta, or a hash with "W4" or "L4" in field m) reads as empty,
--- and the first grant replaces it.
-local note, meta, rest, remembered = '', nil, nil, 1
-local G, R, Ln, Wn, Lm = P, nil, nil, nil, nil
-local T, base, C, O, cum = -1, 0, 0, 0, 0
-local entries, old, foreign = nil, false, nil
-local rows = redis.pcall('ZRANGE', KEY, '0', '0')
-if rows.err then
-  local m = redis.pcall('HGET', KEY, 'm')
-  old = type(m) == 'string' and find(m, '^' .. string.upper(KIND) .. '4 ') ~= nil
-  if not old then foreign = 'another type than sliding state' end
-elseif rows[1] then
-  local kind, k, after_k, t, b, c, o, at = match(rows[1], '^(%a)9:(%d+)() (%d+) (%d+) (%d+)%+?(%d*)()')
-  if kind == KIND then
-    -- base and C stay text until a call needs them: few do.
-    note, cum, rest, T, base, C, remembered = rows[1], k + 0, after_k, t + 0, b, c, at
-    if o ~= '' then O = o + 0 end
-    if cum >= BUCKET0 then foreign = 'a sorted set that is not sliding state' end
-    if shared then
-      entries = redis.call('ZRANGEBYSCORE', KEY, format('%d', ENTRY0), '+inf', 'WITHSCORES')
-      local k, g, r, ln, wn, lm = match(entries[#entries - 1] or '', '^(%a)9 (%d+) (%d+) (%d+) (%d+) (%d+)$')
-      if k == KIND then
-        meta, G, R, Ln, Wn, Lm = entries[#entries - 1], g + 0, r + 0, ln + 0, wn + 0, lm + 0
-        entries[#entries], entries[#entries - 1] = nil, nil
-      end
-    end
+-- read_args: the request (n, or a refund) and the caller's configuration.
+local function read_args()
+  local req = {key = KEYS[1], kind = ARGV[3], P = ARGV[4] + 0, n = 0}
+  local now = ARGV[1]
+  if now == '' then
+    local t = redis.call('TIME')
+    now = t[1] * 1000000 + t[2]
+  end
+  req.clock = now + 0
+  local last = #ARGV
+  req.shared = last % 2 == 1
+  if req.shared then last = last - 1 end
+  req.sig = table.concat(ARGV, ' ', 4, last)
+  req.own, req.limits, req.sizes = (last - 4) / 2, {}, {}
+  for i = 1, req.own do
+    req.limits[i], req.sizes[i] = ARGV[2 * i + 3] + 0, ARGV[2 * i + 4] + 0
+  end
+  req.smallest, req.longest = req.limits[1], req.sizes[req.own] * req.P
+  if find(ARGV[2], '^%-') then
+    -- A token this script did not make reads as a grant that gives nothing.
+    local k, e, s, n = match(ARGV[2], '^%-(%d+):(%d+)%.(%d+)%.(%d+)$')
+    req.refund = {k = (k or 0) + 0, e = (e or -1) + 0, s = (s or 0) + 0, n = (n or 0) + 0}
   else
-    local highest = redis.call('ZRANGE', KEY, '-1', '-1')[1]
-    if find(rows[1], '^' .. KIND .. ':%d+ %d+ %d+[%d +]*$')
-      or find(highest, '^' .. KIND .. '6 %d+ %d+ %d+ %d+ %d+ %d+$')
-      or find(highest, '^' .. KIND .. '~%d+ %d+ %d+[%d +]*$') then
-      old = true
-    else
-      foreign = 'a sorted set that is not sliding state'
+    req.n = ARGV[2] + 0
+  end
+  return req
+end
+
+-- read_state: the note and the aux (ZRANGE 0 1), then under WithPrefix the
+-- entries and the meta. An empty key reads as a state with no grant (t = -1).
+-- Anything else at the key is foreign: an error, and the key is left as it is.
+local function read_state(req)
+  local st = {K = 0, t = -1, T = -1, base = 0, C = 0, H = 0, x = 0, g = 0, records = {}}
+  local rows = redis.pcall('ZRANGE', req.key, '0', '1')
+  if rows.err then return nil, 'another type than sliding state' end
+  if not rows[1] then return st end
+  local k, t, d = match(rows[1], '^' .. req.kind .. ':(%d+) (%d+) ?(%d*)$')
+  if not k or k + 0 >= COUNTS then return nil, 'a sorted set that is not sliding state' end
+  st.note, st.K, st.t = rows[1], k + 0, t + 0
+  st.T = bucket_end(st.t, req.P)
+  if d ~= '' then st.T = st.t + d end
+  local aux = rows[2] or ''
+  local base, C, H, x, g, at = match(aux, '^' .. req.kind .. '%+(%d+) (%d+) (%d+) (%d+) (%d+)()')
+  if base then
+    st.aux, st.base, st.C, st.H, st.x, st.g = aux, base + 0, C + 0, H + 0, x + 0, g + 0
+    for s, e, given in string.gmatch(string.sub(aux, at), ' (%d+) (%d+) (%d+)') do
+      st.records[#st.records + 1] = {s = s + 0, e = e + 0, given = given + 0}
     end
   end
-end
-if foreign then return redis.error_reply('NOTOURS holds ' .. foreign .. ', not redlimit state; it was left unchanged') end
-
--- clock: the key keeps its own time, O µs ahead of the caller's clock.
--- When now falls in a bucket before the tail, the clock went back: O grows
--- so that now falls in the tail's bucket, and the key's time stands still
--- there until the clock catches up. No bucket is then in the future,
--- nothing is counted again or forgotten, and no grant stays in a window for
--- longer than the window from now. The new O is written (write, below)
--- even by a denial or n == 0, the one write they make, best effort: when
--- Redis refuses it, the decision is the same, and a later call grows O
--- alike. A call that wrote O reads, and leaves, the key as a call at the
--- tail's time would, and windows still start at multiples of their
--- precision on the caller's clock (leaves): never stricter than without it
--- but for buckets a later key time trims sooner (apply), which a longer
--- window then counts conservatively.
-now = now + O
-local b, moved = (now - now % G) / G, false
-if T > b then
-  O, now, b, moved = O + (T - b) * G, now + (T - b) * G, T, true
+  if req.shared then
+    local entries = redis.call('ZRANGEBYSCORE', req.key, format('%d', ENTRY0), '+inf', 'WITHSCORES')
+    local ln, wn, lm = match(entries[#entries - 1] or '', '^' .. req.kind .. ' (%d+) (%d+) (%d+)$')
+    if ln then
+      st.meta, st.Ln, st.Wn, st.Lm = entries[#entries - 1], ln + 0, wn + 0, lm + 0
+      entries[#entries], entries[#entries - 1] = nil, nil
+    end
+    st.entries = entries
+  end
+  return st
 end
 
--- strategies: the caller's own, which the check reads from ARGV, then
--- n_others of every other configuration whose last grant is still in its
--- longest window (until > now), listed in others, four entries each: L,
--- S, p (at most L permits in S buckets of p µs) and until. While
--- configurations alternate, every grant satisfies all of them. A
--- configuration that differs from the caller only in its limits (the same
--- precision and windows: the same shape) is left out: the caller's own
--- limits govern those windows, so the two share the counts and each
--- applies its own (a plan upgrade keeps what was used). Until the first
--- lapses, the strategies that bind stay (stable).
-local own, others, n_others = (last - 4) / 2, nil, 0
-local stable, sig, own_start = math.huge, nil, nil
-if entries then
-  sig, others = table.concat(ARGV, ' ', 4, last), {}
-  local shape = string.gsub(sig, ' %d+ (%d+)', ' %1')
+-- key_time: a call decides at the key's time, the later of its clock and
+-- the time the key recorded at its last grant, so that no clock behind
+-- another's reopens what the key already counted, and nothing accumulates
+-- (the key's time is always a time some clock read). A recorded time ahead
+-- of the clock by more than the caller's longest window is a clock gone
+-- wrong: the call decides on its own clock, counting all the key holds as
+-- used (check), so that the key is stricter for at most that window.
+local function key_time(req, st)
+  if st.t <= req.clock then return req.clock, false end
+  if st.t - req.clock > req.longest then return req.clock, true end
+  return st.t, false
+end
+
+-- strategies: the caller's own, then those of every other configuration
+-- whose last grant is still in its longest window (it binds until then),
+-- each {L, S, p, index (0: another's), till}. A configuration that differs
+-- from the caller only in its limits (the same precision and windows) is
+-- left out: the caller's limits govern those windows, so a plan upgrade
+-- keeps what was used. Also R, the longest window of the caller and every
+-- live configuration (buckets before it count for no one), stable, the time
+-- until the first configuration lapses, and own_at, the caller's entry.
+local function strategies(req, st, now)
+  local list, R, stable, own_at = {}, req.longest, math.huge, nil
+  for i = 1, req.own do
+    list[i] = {L = req.limits[i], S = req.sizes[i], p = req.P, index = i}
+  end
+  local entries = st.entries or {}
+  local shape = string.gsub(req.sig, ' %d+ (%d+)', ' %1')
   for j = 1, #entries, 2 do
-    local text, start = entries[j], entries[j + 1] - ENTRY0
+    local text, at = entries[j], entries[j + 1] - ENTRY0
     local p, limits = match(text, '^(%d+)(.*)$')
     p = p + 0
-    local till = leaves(math.floor(start / G), G, match(limits, '(%d+)$') + 0, p, O)
-    if text == sig then
-      own_start = start
-    elseif till > now and string.gsub(text, ' %d+ (%d+)', ' %1') ~= shape then
-      if till - now < stable then stable = till - now end
-      for L, S in string.gmatch(limits, ' (%d+) (%d+)') do
-        local k = 4 * n_others
-        others[k + 1], others[k + 2], others[k + 3], others[k + 4] = L + 0, S + 0, p, till
-        n_others = n_others + 1
+    local longest = match(limits, '(%d+)$') * p
+    local till = leaves(at, longest / p, p)
+    if text == req.sig then
+      own_at = at
+    elseif till > now then
+      if longest > R then R = longest end
+      if string.gsub(text, ' %d+ (%d+)', ' %1') ~= shape then
+        if till - req.clock < stable then stable = till - req.clock end
+        for L, S in string.gmatch(limits, ' (%d+) (%d+)') do
+          list[#list + 1] = {L = L + 0, S = S + 0, p = p, index = 0, till = till}
+        end
       end
     end
   end
+  return list, R, stable, own_at
 end
 
--- check, for each strategy: its window [ws, now] counts the state buckets
--- from the one holding ws, first (whole: conservative when the grids
--- differ): count = cum minus the count before first, modulo BUCKET0.
---
--- The count before is remembered, else read: a window a grant saw starting
--- at f, whose first bucket holding a permit is ni, tells it for every
--- window starting from f to ni, as no bucket in between holds a permit. A
--- window no remembered one covers is listed in fresh, for a grant to
--- remember. Buckets trimmed away leave base; a window reaching before them
--- (a configuration whose window is longer than any that granted before)
--- counts their grants as used, up to what any writer could have granted
--- there (the meta's bound).
---
--- What the decision and the reply need is gathered as it goes: the fewest
--- permits left (and the caller's strategy with the fewest), the latest
--- time the tail (or, on a grant, now's bucket) leaves a window, and for a
--- request of 1 to smallest permits: whether some strategy denies, the
--- longest RetryAfter and its strategy, and stable, the time until the
--- first count drops. A denying strategy's RetryAfter is the time the first
--- bucket whose cumulative count reaches cum + n - L leaves its window, or
--- for another configuration's whose limit is below n, the time it lapses.
--- It reads at most SCAN buckets from its window's first (none when the
--- first is remembered and enough); when the bucket is not among them, or
--- the count is partly unknown, it is the time the tail leaves: longer than
--- the truth, never shorter.
-local fewest, own_fewest, own_index, tail_leaves, b_leaves = math.huge, math.huge, 1, 0, 0
-local denied, reported, retry, fresh, kept, stop = false, nil, -1, nil, 0, #note
-for k = 1, own + n_others do
-  -- The strategy, its place among the caller's (0 for another
-  -- configuration's) and, for another's, until when it binds.
-  local L, S, p, index, till = nil, nil, P, k, nil
-  if k <= own then
-    L, S = ARGV[2 * k + 3] + 0, ARGV[2 * k + 4] + 0
-  else
-    local o = 4 * (k - own)
-    L, S, p, index, till = others[o - 3], others[o - 2], others[o - 1], 0, others[o]
+-- The permits refunds gave back at positions from ws on (see refund).
+local function refunded(st, ws)
+  local sum = 0
+  for _, r in ipairs(st.records) do
+    if r.e >= ws and r.e > st.C then sum = sum + r.given end
   end
-  local ws = now - (now - O) % p - (S - 1) * p
-  local first = (ws - ws % G) / G
-  local before, next_bucket, known, hit, unseen = cum, false, true, false, 0
-  if T >= first then
-    -- The remembered windows, " T-f cb ni-f" each; the one used is
-    -- kept, as the sum of their j = 1, 2, 4, ... in turn.
-    local at, j = remembered, 1
-    while not hit and at < stop do
-      local _, to, d, cb, e = find(note, '^ (%d+) (%d+) (%d+)', at)
-      local f = T - d
-      local ni = f + e
-      if f <= first and first <= ni then
-        before, next_bucket, hit = cb + 0, ni, true
-        if kept % (2 * j) < j then kept = kept + j end
-      end
-      at, j = to + 1, 2 * j
-    end
-    if not hit then
-      local row = redis.call('ZREVRANGEBYSCORE', KEY, format('(%d', BUCKET0 + first), format('%d', BUCKET0), 'LIMIT', '0', '1')
-      before = base % BUCKET0
-      if row[1] then
-        before = row[1] + 0
-      elseif first < C + 0 then
-        if not Ln then
-          Ln, Wn = densest(P, last)
-          Lm = Ln
-        end
-        local most = Ln * math.floor((C * G - ws + Wn - 1) / Wn) + 2 * Lm
-        before, unseen, known = base % BUCKET0, math.min(base, most), false
-      end
-    end
-  end
-  if known and not hit then
-    fresh = fresh or {}
-    fresh[#fresh + 1], fresh[#fresh + 2], fresh[#fresh + 3] = first, before, b
-  end
+  if st.x >= ws and st.x > st.C then sum = sum + st.g end
+  return sum
+end
 
-  local count = (cum - before) % BUCKET0 + unseen
-  local left = L - count
-  if left < fewest then fewest = left end
-  if left < 0 then left = 0 end
-  if index > 0 and left < own_fewest then own_fewest, own_index = left, index end
-  local tail_ends = leaves(T, G, S, p, O)
-  if tail_ends > tail_leaves then tail_leaves = tail_ends end
-  local ends = tail_ends
-  if b ~= T then ends = leaves(b, G, S, p, O) end
-  if ends > b_leaves then b_leaves = ends end
-
-  if n > 0 and n <= smallest and (count > 0 or n > L) then
-    -- A denial's times. change: until this count first drops, when its
-    -- first bucket leaves the window (the next step of p when not known).
-    local change = p - (now - O) % p
-    if next_bucket then change = leaves(next_bucket, G, S, p, O) - now end
-    if count + n > L then
-      denied = true
-      local after, need = tail_ends - now, count + n - L
-      if n > L then
-        -- Another configuration's limit below n (the caller's are at
-        -- least smallest): it denies until that configuration lapses.
-        after = till - now
-      elseif known and next_bucket and need <= 1 then
-        -- The first bucket holds a permit at least: need is reached there.
-        after = change
-      elseif known then
-        -- Each bucket holds a permit at least, so the first whose count
-        -- from the window's start reaches need is among its first need:
-        -- the buckets before the tail, then the tail (after's first value).
-        local got = redis.call('ZRANGEBYSCORE', KEY, format('%d', BUCKET0 + first), format('(%d', ENTRY0), 'WITHSCORES', 'LIMIT', '0', math.min(need, SCAN))
-        change = after
-        if got[2] then change = leaves(got[2] - BUCKET0, G, S, p, O) - now end
-        for j = #got - 1, 1, -2 do
-          if (got[j] - before) % BUCKET0 >= need then after = leaves(got[j + 1] - BUCKET0, G, S, p, O) - now end
-        end
-      end
-      if after > retry then reported, retry = index, after end
+-- The permits in the window from ws to the tail: the key's count minus the
+-- count before ws (the last bucket before it, else base), minus what
+-- refunds gave back there. A window reaching buckets trimmed away (at or
+-- before C: a configuration whose window is longer than any that granted
+-- since) counts what they held as used, up to what any writer could have
+-- granted there: Ln * ceil(U / Wn) + 2 * Lm in U µs.
+local function count_from(req, st, ws)
+  if st.T < ws then return 0, st.K, 0 end
+  local row = redis.call('ZREVRANGEBYSCORE', req.key, format('(%d', ws), FIRST, 'LIMIT', '0', '1')
+  local before, unseen = st.base % COUNTS, 0
+  if row[1] then
+    before = row[1] + 0
+  elseif ws <= st.C then
+    local Ln, Wn, Lm = st.Ln, st.Wn, st.Lm
+    if not Ln then
+      Ln, Wn = densest(req)
+      Lm = Ln
     end
-    if change < stable then stable = change end
+    unseen = math.min(st.base, Ln * floor((st.C - ws + Wn) / Wn) + 2 * Lm)
   end
+  return (st.K - before) % COUNTS + unseen - refunded(st, ws), before, unseen
+end
+
+-- The time (from the clock) a denied strategy frees need permits: the first
+-- bucket of its window whose permits from the window's start reach need
+-- leaves it. Each bucket holds a permit but those refunds emptied (one a
+-- record at most), so that one is among the first need + #records. It
+-- reads at most SCAN buckets; when the bucket is not among them, the time
+-- the tail leaves: longer than the truth, never shorter.
+-- Also the time its first bucket leaves (its count's first change). What
+-- the window holds of buckets trimmed away (unseen) leaves before any bucket.
+local function retry_after(req, st, s, ws, before, unseen, need)
+  local now = req.clock
+  local tail = leaves(st.T, s.S, s.p) - now
+  local most = need + #st.records
+  if st.x > 0 then most = most + 1 end
+  local got = redis.call('ZRANGEBYSCORE', req.key, format('%d', ws), format('(%d', ENTRY0),
+    'WITHSCORES', 'LIMIT', '0', math.min(most, SCAN))
+  if not got[2] then return tail, tail end
+  local first = leaves(got[2] + 0, s.S, s.p) - now
+  for j = 1, #got, 2 do
+    local e = got[j + 1] + 0
+    local freed = unseen + (got[j] - before) % COUNTS - refunded(st, ws) + refunded(st, e + 1)
+    if freed >= need then return leaves(e, s.S, s.p) - now, first end
+  end
+  return tail, first
+end
+
+-- check: each strategy's count, and what the decision and the reply need:
+-- the fewest permits left (and the caller's strategy with the fewest), the
+-- latest time the tail leaves a window, whether some strategy denies n, the
+-- longest RetryAfter and its strategy, and stable, the time until the first
+-- count could drop. Durations are from the caller's clock, which may be
+-- behind the key's time. On a clock gone wrong, the key reads as if all it
+-- holds (the caller's longest window at the key's recorded time) had been
+-- granted in the clock's bucket: every strategy counts it, until it leaves.
+local function check(req, st, list, now, wrong, n)
+  local c = {fewest = math.huge, own_fewest = math.huge, own_index = 1, reset = 0, retry = -1,
+    stable = math.huge}
+  local held, tail_at = nil, st.T
+  if wrong then
+    held = count_from(req, st, window_start(st.t, req.sizes[req.own], req.P))
+    tail_at = -1
+    if held > 0 then tail_at = bucket_end(now, req.P) end
+  end
+  for _, s in ipairs(list) do
+    local ws = window_start(now, s.S, s.p)
+    local count, before, unseen = held, nil, nil
+    if not wrong then count, before, unseen = count_from(req, st, ws) end
+    local left = s.L - count
+    if left < c.fewest then c.fewest = left end
+    if left < 0 then left = 0 end
+    if s.index > 0 and left < c.own_fewest then c.own_fewest, c.own_index = left, s.index end
+    local tail = 0
+    if tail_at >= 0 then tail = leaves(tail_at, s.S, s.p) - req.clock end
+    if tail > c.reset then c.reset = tail end
+    if n > 0 and n <= req.smallest and count + n > s.L then
+      -- A denying strategy. Only these are in a denial's reply (every other
+      -- has n permits left, more than any of these), so stable is the time
+      -- the first of their counts drops: the next step of a window where
+      -- the script does not know when.
+      c.denied = true
+      local retry, change = tail, now - now % s.p + s.p - req.clock
+      if n > s.L then
+        retry = s.till - req.clock -- another configuration's limit below n
+      elseif not wrong then
+        retry, change = retry_after(req, st, s, ws, before, unseen, count + n - s.L)
+      end
+      if retry > c.retry then c.reported, c.retry = s.index, retry end
+      if change < c.stable then c.stable = change end
+    end
+  end
+  return c, held
 end
 
 -- decide: n above the caller's smallest limit is denied (RetryAfter never,
--- and the caller's first strategy reported); n == 0 is allowed; otherwise
--- allowed unless a strategy denied. The denial reports the caller's
--- strategy with the longest RetryAfter (the first of equals), or, when
--- another configuration's waits longest, the caller's with the fewest
--- permits left, with that RetryAfter.
-local allowed = true
-if n > smallest then
-  allowed, reported, retry, stable = false, 1, -1, 0
-elseif denied then
-  allowed = false
-  if reported == 0 then reported = own_index end
-end
-local granted = allowed and n > 0
-if not granted then fresh = nil end -- only a grant remembers windows
-
--- apply: a grant is n more in bucket b, which is now's. The note changes
--- when the tail moves (the old tail's bucket becomes a member), a window
--- no grant saw is remembered (with its first bucket holding a permit: read
--- once here, b when none held one before), or a trim moves base and C;
--- under WithPrefix the meta, when this grant changes it (new_meta). The
--- TTL runs until the tail leaves the longest window of every configuration,
--- and is set when the tail or that window moves, or the key's time did.
-local note_changed, new_meta, expire = moved, nil, moved
-if granted then
-  if old then redis.call('DEL', KEY) end
-  local window = ARGV[last] * P
-  R = R or window
-  expire = expire or T ~= b or window > R
-  R = math.max(R, window)
-  if shared then
-    local Ld, Wd = densest(P, last)
-    if not Ln then Ln, Wn, Lm = Ld, Wd, Ld end
-    if Ld * Wn > Ln * Wd then Ln, Wn = Ld, Wd end
-    Lm = math.max(Lm, Ld)
-    new_meta = format('%s9 %d %d %d %d %d', KIND, G, R, Ln, Wn, Lm)
-    if new_meta == meta then new_meta = nil end
-  end
-  note_changed = note_changed or new_meta ~= nil or T ~= b
-  -- The grant that wraps the key's count adds BUCKET0 to base: trimmed
-  -- grants then count as what the writers could have granted (check).
-  if cum + n >= BUCKET0 then base, note_changed = base % BUCKET0 + BUCKET0, true end
-  -- Buckets that left the longest window of every configuration go, SCAN
-  -- at most, on a grant that opens a bucket and passes a multiple of SCAN
-  -- permits: it keeps up (at most SCAN new buckets per SCAN permits) and
-  -- spares most grants its read. base and C remember where they were;
-  -- counts never depend on it (a difference of cumulative counts).
-  if T ~= b and math.floor((cum + n) / SCAN) > math.floor(cum / SCAN) then
-    local trimmed = redis.call('ZRANGEBYSCORE', KEY, format('%d', BUCKET0), format('(%d', BUCKET0 + math.floor((now - R) / G)), 'WITHSCORES', 'LIMIT', '0', SCAN)
-    if #trimmed > 0 then
-      redis.call('ZREMRANGEBYSCORE', KEY, format('%d', BUCKET0), trimmed[#trimmed])
-      base, C, note_changed = trimmed[#trimmed - 1] + base - base % BUCKET0, trimmed[#trimmed] - BUCKET0 + 1, true
-    end
-  end
-  if fresh then
-    note_changed = true
-    for j = 1, #fresh, 3 do
-      local first = fresh[j]
-      if T >= first then
-        local got = redis.call('ZRANGEBYSCORE', KEY, format('%d', BUCKET0 + first), format('(%d', ENTRY0), 'WITHSCORES', 'LIMIT', '0', '1')
-        fresh[j + 2] = T
-        if got[2] then fresh[j + 2] = got[2] - BUCKET0 end
-      end
-    end
-  end
-end
-
--- write: a grant's note, with the new count: when only the count changed,
--- the old note's text with it; else the tail b, base, C, O and the windows
--- remembered that this call used, with the old tail's bucket when the tail
--- moved, and new_meta. A denial or n == 0 writes only when O grew (clock),
--- best effort. The old members go after the new ones are in: a set left
--- empty even for a moment is a deleted key, and the new one would carry no
--- TTL; a note gone without its successor would leave a key nobody reads as
--- ours.
-if granted or moved then
-  local call, total = redis.pcall, cum
-  if granted then call, total = redis.call, (cum + n) % BUCKET0 end
-  if not note_changed then
-    call('ZADD', KEY, '0', format('%s9:%d', KIND, total) .. string.sub(note, rest))
-    call('ZREM', KEY, note)
+-- its first strategy reported); n == 0 is allowed; otherwise allowed unless
+-- a strategy denied. A denial reports the caller's strategy with the
+-- longest RetryAfter, or, when another configuration's waits longest, the
+-- caller's with the fewest permits left, with that RetryAfter.
+local function decide(req, c, wrong)
+  if req.n > req.smallest then
+    c.allowed, c.reported, c.retry, c.stable = false, 1, -1, 0
+  elseif c.denied then
+    c.allowed = false
+    if c.reported == 0 then c.reported = c.own_index end
   else
-    local text = {format('%s9:%d %d %d %s', KIND, total, b, base, C)}
-    if O > 0 then text[2] = format('+%d', O) end
-    local at, j = remembered, 1
-    while at < #note do
-      local _, to, d, cb, e = find(note, '^ (%d+) (%d+) (%d+)', at)
-      if kept % (2 * j) >= j then text[#text + 1] = format(' %d %s %s', b - T + d, cb, e) end
-      at, j = to + 1, 2 * j
-    end
-    if fresh then
-      for j = 1, #fresh, 3 do
-        text[#text + 1] = format(' %d %d %d', b - fresh[j], fresh[j + 1], fresh[j + 2] - fresh[j])
-      end
-    end
-    local args, gone = {'ZADD', KEY, '0', table.concat(text)}, {}
-    if note ~= '' and note ~= args[4] then gone[1] = note end
-    if T ~= b and T >= 0 then args[5], args[6] = format('%d', BUCKET0 + T), format('%d', cum) end
-    if new_meta then
-      args[#args + 1], args[#args + 2] = '+inf', new_meta
-      if meta then gone[#gone + 1] = meta end
-    end
-    local written = call(unpack(args))
-    if type(written) == 'number' and #gone > 0 then call('ZREM', KEY, unpack(gone)) end
+    c.allowed = true
   end
-end
-if granted then
-  -- This configuration's entry, and the others' that lapsed.
-  if shared then
-    if b * G ~= own_start then redis.call('ZADD', KEY, format('%d', ENTRY0 + b * G), sig or table.concat(ARGV, ' ', 4, last)) end
-    if T ~= b then redis.call('ZREMRANGEBYSCORE', KEY, format('%d', ENTRY0), format('%d', ENTRY0 + now - R - G)) end
-  end
-  if expire then redis.call('PEXPIRE', KEY, math.floor(((b + 1) * G + R - now + 999) / 1000)) end
-  tail_leaves = b_leaves
+  if wrong then c.stable = 0 end
+  return c.allowed and req.n > 0
 end
 
--- reply: Remaining, the fewest permits left; ResetAfter, when the tail leaves.
-local used = 0
-if granted then used = n end
-local remaining, reset = fewest - used, tail_leaves - now
-if remaining < 0 then remaining = 0 end
-if reset < 0 then reset = 0 end
-if allowed then return format('1 %d 0 %d %d 0', remaining, reset, own_index - 1) end
-if moved then stable = 0 end
-return format('0 %d %d %d %d %d', remaining, retry, reset, reported - 1, stable)
+-- The aux's text: base, C, the refunds' horizon H and merged x g, records.
+local function aux_text(req, st)
+  local text = {format('%s+%d %d %d %d %d', req.kind, st.base, st.C, st.H, st.x, st.g)}
+  for _, r in ipairs(st.records) do
+    text[#text + 1] = format(' %d %d %d', r.s, r.e, r.given)
+  end
+  return table.concat(text)
+end
+
+-- apply: a grant is n more permits at the position of the key's time's
+-- bucket (or the tail's, when that is later). When the tail moves, the old
+-- tail becomes a bucket, and a tail that passes a multiple of SCAN buckets
+-- of P trims up to SCAN buckets that left every live window (R): it keeps
+-- up, as at most SCAN buckets opened since, and base and C remember the
+-- count and position of the last bucket trimmed. When to trim depends on
+-- positions only, never on counts, so that a refund leaves the key as a
+-- grant of fewer permits would. Under WithPrefix, the meta keeps the
+-- densest writer.
+-- Returns what write needs: the new note, aux and meta texts.
+local function apply(req, st, now, R)
+  local e = math.max(bucket_end(now, req.P), st.T)
+  local w = {e = e, moved = e ~= st.T, K = (st.K + req.n) % COUNTS, aux = st.aux}
+  if st.K + req.n >= COUNTS then
+    -- The wrap: trimmed grants then count as what the writers could grant.
+    st.base = st.base % COUNTS + COUNTS
+    w.aux = nil
+  end
+  local period = SCAN * req.P
+  if w.moved and st.T >= 0 and floor(e / period) > floor(st.T / period) then
+    local trimmed = redis.call('ZRANGEBYSCORE', req.key, FIRST, format('%d', now - R),
+      'WITHSCORES', 'LIMIT', '0', SCAN)
+    if #trimmed > 0 then
+      redis.call('ZREMRANGEBYSCORE', req.key, FIRST, trimmed[#trimmed])
+      st.base = trimmed[#trimmed - 1] + st.base - st.base % COUNTS
+      st.C, w.aux = trimmed[#trimmed] + 0, nil
+    end
+    if #trimmed < 2 * SCAN and st.T <= now - R then
+      -- The old tail left every window too: it never becomes a bucket.
+      st.base = st.K + st.base - st.base % COUNTS
+      st.C, w.aux, w.tail_gone = st.T, nil, true
+    end
+  end
+  w.note = format('%s:%d %d', req.kind, w.K, now)
+  if req.shared then
+    w.note = format('%s %d', w.note, e - now)
+    local Ld, Wd = densest(req)
+    local Ln, Wn, Lm = st.Ln or Ld, st.Wn or Wd, math.max(st.Lm or Ld, Ld)
+    if Ld * Wn > Ln * Wd then Ln, Wn = Ld, Wd end
+    w.meta = format('%s %d %d %d', req.kind, Ln, Wn, Lm)
+  end
+  if not w.aux and (st.base > 0 or st.C > 0 or st.H > 0) then w.aux = aux_text(req, st) end
+  return w
+end
+
+-- The TTL (ms) a key needs after a grant: until its tail leaves the longest
+-- window of the caller and of every configuration still live.
+local function expire(req, list, e)
+  local last = leaves(e, req.sizes[req.own], req.P)
+  for _, s in ipairs(list) do
+    last = math.max(last, leaves(e, s.S, s.p))
+  end
+  redis.call('PEXPIRE', req.key, floor((last - req.clock + 999) / 1000))
+end
+
+-- write: a grant's state. The new members go in before the old ones go, as
+-- a set left empty even for a moment is a deleted key. The old tail joins
+-- the buckets when the tail moved. Under WithPrefix, the caller's entry
+-- moves to the new position, and entries that lapsed go. The TTL is set when
+-- the tail or the caller's entry moved (else an earlier grant set it).
+local function write(req, st, w, list, now, R, own_at)
+  local add, gone = {'ZADD', req.key, '0', w.note}, {'ZREM', req.key}
+  if w.moved and st.T >= 0 and not w.tail_gone then
+    add[5], add[6] = format('%d', st.T), format('%d', st.K)
+  end
+  if w.aux and w.aux ~= st.aux then add[#add + 1], add[#add + 2] = '1', w.aux end
+  if w.meta and w.meta ~= st.meta then add[#add + 1], add[#add + 2] = '+inf', w.meta end
+  redis.call(unpack(add))
+  if st.note then gone[#gone + 1] = st.note end
+  if st.aux and w.aux and st.aux ~= w.aux then gone[#gone + 1] = st.aux end
+  if st.meta and w.meta and st.meta ~= w.meta then gone[#gone + 1] = st.meta end
+  if #gone > 2 then redis.call(unpack(gone)) end
+  local entry_moved = req.shared and w.e ~= own_at
+  if entry_moved then
+    redis.call('ZADD', req.key, format('%d', ENTRY0 + w.e), req.sig)
+    if w.moved then
+      redis.call('ZREMRANGEBYSCORE', req.key, format('%d', ENTRY0), format('(%d', ENTRY0 + now - R))
+    end
+  end
+  if w.moved or entry_moved then expire(req, list, w.e) end
+end
+
+-- restart: a grant on a clock gone wrong moves the key to the caller's
+-- timeline, carrying what it held: a fresh state whose tail, at the
+-- clock's bucket, holds all of it (counted for at most a window from now),
+-- whose horizon refuses refunds of every earlier grant, and whose entries
+-- still live move back to the tail. UNLINK frees a large set off the script.
+local function restart(req, st, list, held, now)
+  local e, K = bucket_end(now, req.P), (st.K + req.n) % COUNTS
+  redis.call('UNLINK', req.key)
+  st.base, st.C, st.H, st.x, st.g, st.records = (st.K - held) % COUNTS, 0, st.K, 0, 0, {}
+  local add = {'ZADD', req.key, '0', format('%s:%d %d', req.kind, K, now), '1', aux_text(req, st)}
+  if req.shared then
+    add[4] = format('%s %d', add[4], e - now)
+    if st.meta then add[#add + 1], add[#add + 2] = '+inf', st.meta end
+    local entries = st.entries
+    for j = 1, #entries, 2 do
+      local at, p, S = entries[j + 1] - ENTRY0, match(entries[j], '^(%d+) .* (%d+)$')
+      if entries[j] ~= req.sig and leaves(at, S + 0, p + 0) > now then
+        add[#add + 1], add[#add + 2] = format('%d', ENTRY0 + math.min(at, e)), entries[j]
+      end
+    end
+    add[#add + 1], add[#add + 2] = format('%d', ENTRY0 + e), req.sig
+  end
+  redis.call(unpack(add))
+  expire(req, list, e)
+  return e, K
+end
+
+-- refund: gives back permits of the grant at position e whose count after
+-- it was s, of n permits, until k in all were given back. The aux records
+-- what each refunded grant gave back ("s e given"), so that a retried
+-- refund gives nothing more. It gives while the grant's bucket is kept
+-- (after C: a configuration whose window reaches it counts it), and not on
+-- a clock gone wrong. A grant without a record is checked against the
+-- buckets: its permits must lie in the bucket at e. When a record more than
+-- RECORDS would be kept, the records of buckets trimmed away go, then the
+-- oldest's: its permits join x g (given back for windows that reach x, the
+-- earliest position merged: stricter, never looser), and the horizon H
+-- rises to it, so that a grant at or before it gives nothing more.
+-- Returns the permits given.
+local function refund(req, st, wrong)
+  local f = req.refund
+  if wrong or f.n < 1 or f.e <= st.C or f.e > st.T then return 0 end
+  local record
+  for _, r in ipairs(st.records) do
+    if r.s == f.s and r.e == f.e then record = r end
+  end
+  if not record then
+    if f.s <= st.H then return 0 end
+    local rows = redis.call('ZREVRANGEBYSCORE', req.key, format('%d', f.e), FIRST,
+      'WITHSCORES', 'LIMIT', '0', '2')
+    local upto, prev = st.K, st.base % COUNTS
+    if f.e ~= st.T then
+      if rows[2] ~= format('%d', f.e) then return 0 end
+      upto, rows[1], rows[2] = rows[1] + 0, rows[3], rows[4]
+    end
+    if rows[1] then prev = rows[1] + 0 end
+    local before, after = (f.s - f.n - prev) % COUNTS, (upto - f.s) % COUNTS
+    if before + f.n + after ~= (upto - prev) % COUNTS then return 0 end
+    record = {s = f.s, e = f.e, given = 0}
+    st.records[#st.records + 1] = record
+  end
+  local give = math.min(f.k, f.n) - record.given
+  if give <= 0 then return 0 end
+  record.given = record.given + give
+  if st.x > 0 and st.x <= st.C then st.x, st.g = 0, 0 end
+  local kept = {}
+  for _, r in ipairs(st.records) do
+    if r.e > st.C then kept[#kept + 1] = r else st.H = math.max(st.H, r.s) end
+  end
+  if #kept > RECORDS then
+    table.sort(kept, function(a, b) return a.e < b.e or (a.e == b.e and a.s < b.s) end)
+    local oldest = table.remove(kept, 1)
+    st.H = math.max(st.H, oldest.s)
+    st.g = st.g + oldest.given
+    if st.x == 0 or oldest.e < st.x then st.x = oldest.e end
+  end
+  st.records = kept
+  return give
+end
+
+-- write_refund: the new aux, in before the old goes. A refund changes
+-- counts only: never the key's time, a window or the TTL.
+local function write_refund(req, st)
+  local aux = aux_text(req, st)
+  redis.call('ZADD', req.key, '1', aux)
+  if st.aux and st.aux ~= aux then redis.call('ZREM', req.key, st.aux) end
+end
+
+-- reply: Remaining, the fewest permits left; ResetAfter, when the tail
+-- leaves the last window.
+local function reply(c, used, token)
+  local remaining = c.fewest - used
+  if remaining < 0 then remaining = 0 end
+  if c.allowed and token then
+    return format('1 %d 0 %d %d 0 %s', remaining, c.reset, c.own_index - 1, token)
+  elseif c.allowed then
+    return format('1 %d 0 %d %d 0', remaining, c.reset, c.own_index - 1)
+  end
+  return format('0 %d %d %d %d %d', remaining, c.retry, c.reset, c.reported - 1, c.stable)
+end
+
+local req = read_args()
+local st, foreign = read_state(req)
+if not st then
+  local why = 'NOTOURS holds ' .. foreign .. ', not redlimit state; it was left unchanged'
+  return redis.error_reply(why)
+end
+local now, wrong = key_time(req, st)
+local list, R, stable, own_at = strategies(req, st, now)
+if req.refund then
+  local given = 0
+  if st.note then given = refund(req, st, wrong) end
+  if given > 0 then write_refund(req, st) end
+  local c = check(req, st, list, now, wrong, 0)
+  local remaining = math.max(c.fewest, 0)
+  return format('1 %d 0 %d %d -1 %d', remaining, c.reset, c.own_index - 1, given)
+end
+local c, held = check(req, st, list, now, wrong, req.n)
+if stable < c.stable then c.stable = stable end
+if not decide(req, c, wrong) then return reply(c, 0, nil) end
+local e, K
+if wrong then
+  e, K = restart(req, st, list, held, now)
+else
+  local w = apply(req, st, now, R)
+  write(req, st, w, list, now, R, own_at)
+  e, K = w.e, w.K
+end
+-- After the grant, every window holds the new tail: it leaves them last.
+c.reset = 0
+for _, s in ipairs(list) do
+  c.reset = math.max(c.reset, leaves(e, s.S, s.p) - req.clock)
+end
+return reply(c, req.n, format('%d.%d.%d', e, K, req.n))

@@ -57,10 +57,12 @@ func (e *Engine) tell(ctx context.Context, key string, n int, p *Pending) {
 // batch, and finishes each as Decide would (deny cache, fallback,
 // observer).
 func SendAll(ctx context.Context, ps []*Pending) {
+	all := make([]trip, 0, len(ps))
 	trips := make([]*trip, 0, len(ps))
 	for _, p := range ps {
 		if !p.done {
-			trips = append(trips, &trip{t: &p.c.e.roundTrip, req: p.c.request()})
+			all = append(all, trip{t: &p.c.e.roundTrip, req: p.c.request()})
+			trips = append(trips, &all[len(all)-1])
 		}
 	}
 	runBatch(ctx, trips)
@@ -191,21 +193,30 @@ func runBatch(ctx context.Context, trips []*trip) {
 		return
 	}
 	start := time.Now()
-	groups := map[any][]*trip{}
-	var order []any // the groups' clients, in the order first met
+	// A batch has few clients, most often one: a list, not a map.
+	type group struct {
+		client pipeliner
+		trips  []*trip
+	}
+	var groups []group
 	var lone []*trip
+next:
 	for _, tr := range trips {
-		if client, ok := tr.t.pipelinable(ctx, start); ok {
-			if _, seen := groups[client]; !seen {
-				order = append(order, client)
-			}
-			groups[client] = append(groups[client], tr)
-		} else {
+		client, ok := tr.t.pipelinable(ctx, start)
+		if !ok {
 			lone = append(lone, tr)
+			continue
 		}
+		for i := range groups {
+			if groups[i].client == client {
+				groups[i].trips = append(groups[i].trips, tr)
+				continue next
+			}
+		}
+		groups = append(groups, group{client, append(make([]*trip, 0, len(trips)), tr)})
 	}
 	var wg sync.WaitGroup
-	units := len(lone) + len(order)
+	units := len(lone) + len(groups)
 	do := func(f func()) {
 		if units == 1 {
 			f()
@@ -220,8 +231,8 @@ func runBatch(ctx context.Context, trips []*trip) {
 	for _, tr := range lone {
 		do(func() { tr.text, tr.err = tr.t.guardedRun(ctx, tr.req) })
 	}
-	for _, client := range order {
-		do(func() { pipeline(ctx, client.(pipeliner), groups[client], start) })
+	for _, g := range groups {
+		do(func() { pipeline(ctx, g.client, g.trips, start) })
 	}
 	wg.Wait()
 }
@@ -230,7 +241,7 @@ func runBatch(ctx context.Context, trips []*trip) {
 // on which client: one that pipelines, with a closed breaker (or none), a
 // deadline that leaves at least MinDeadline, and a client that ends a call
 // at its ctx's deadline (see runWithin).
-func (t *roundTrip) pipelinable(ctx context.Context, start time.Time) (any, bool) {
+func (t *roundTrip) pipelinable(ctx context.Context, start time.Time) (pipeliner, bool) {
 	if t.proc == nil || ctx.Err() != nil || t.short(ctx, start) {
 		return nil, false
 	}

@@ -97,6 +97,9 @@ var (
 	_ Model = (*SlidingLog)(nil)
 	_ Model = (*LeakyBucket)(nil)
 	_ Model = (*TokenBucket)(nil)
+
+	_ Refunder = (*SlidingWindow)(nil)
+	_ Refunder = (*SlidingLog)(nil)
 )
 
 // floorDiv returns floor(a / b) for b > 0.
@@ -151,42 +154,6 @@ func (bs buckets) indices() []int64 {
 	}
 	sort.Slice(idx, func(i, j int) bool { return idx[i] < idx[j] })
 	return idx
-}
-
-// keyClock is a sliding key's own time: the caller's clock plus an offset.
-// When a call falls in a bucket before the key's last grant (the clock went
-// back), the offset grows so that it falls in that bucket: the key's time
-// stands still there until the clock catches up. So no bucket is ever in
-// the future, none is counted again or forgotten, and no grant stays in a
-// window for longer than the window from now.
-type keyClock struct {
-	offsetUS int64
-	tail     int64 // the bucket of the last grant, once granted is set
-	granted  bool
-}
-
-// grant records a grant in bucket b.
-func (c *keyClock) grant(b int64) { c.tail, c.granted = b, true }
-
-// advance returns the key's time for a call at t µs, on buckets of p µs
-// and a longest window of keep buckets. It drops the buckets that had left
-// the window as of the last grant: the key's time never goes back before
-// that grant's bucket, so no window reaches them again. A key whose last
-// grant has left the window is back in its initial state, but keeps that
-// grant: the clock may go back into the time it was in use.
-func (bs *buckets) advance(c *keyClock, t, p, keep int64) int64 {
-	if !c.granted {
-		return t
-	}
-	if b := floorDiv(t+c.offsetUS, p); b < c.tail {
-		c.offsetUS += (c.tail - b) * p
-	}
-	for k := range *bs {
-		if k <= c.tail-keep {
-			delete(*bs, k)
-		}
-	}
-	return t + c.offsetUS
 }
 
 // sum returns the permits in the window of nb buckets ending at bucket b,

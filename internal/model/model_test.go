@@ -149,12 +149,21 @@ func TestSlidingWindow(t *testing.T) {
 			{600, 2, false, 1, 9400, 9400},
 			{700, 1, true, 0, 0, 9300},
 		}},
-		{"clock backwards: the key's time stands at its last grant", []step{
+		{"clock backwards: the key's time never goes back", []step{
 			{20500, 3, true, 0, 0, 9500},
-			{5000, 1, false, 0, 10000, 10000}, // key time 20000, 15000µs ahead from now on
-			{14999, 1, false, 0, 1, 1},
-			{15000, 1, true, 2, 0, 10000},
-			{20500, 2, true, 0, 0, 9500},
+			// 15500µs behind, more than the window: a clock gone wrong
+			// reads the 3 as granted in its own bucket.
+			{5000, 1, false, 0, 10000, 10000},
+			{5000, 0, true, 0, 0, 10000},
+			// 5501µs behind: the call decides at the key's time, 20500,
+			// and waits for the clock to reach the bucket's leaving.
+			{14999, 1, false, 0, 15001, 15001},
+			{30000, 1, true, 2, 0, 10000},
+			// A grant on a clock gone wrong moves the key to that clock,
+			// carrying the 1 it held into its bucket.
+			{10000, 1, true, 1, 0, 10000},
+			{10500, 1, true, 0, 0, 9500},
+			{10500, 1, false, 0, 9500, 9500},
 		}},
 	}
 	for _, tt := range tests {
@@ -213,7 +222,9 @@ func TestSlidingLogReportsLongestRetry(t *testing.T) {
 			for _, c := range tt.trace {
 				require.True(t, m.Step(c[0], c[1]).Allowed)
 			}
-			require.Equal(t, tt.want, m.Step(tt.t, tt.n))
+			got := m.Step(tt.t, tt.n)
+			got.GrantID = 0
+			require.Equal(t, tt.want, got)
 		})
 	}
 
@@ -232,12 +243,51 @@ func TestSlidingLogClockBackwards(t *testing.T) {
 	runSteps(t, m, []step{
 		{20000, 2, true, 0, 0, 10000},
 		{28000, 2, true, 0, 0, 10000},
-		// The clock went back 3000µs: the key's time stands at bucket 28,
-		// 3000µs ahead of the clock from now on.
-		{25000, 2, false, 0, 2000, 10000},
-		{29999, 2, true, 0, 0, 9001}, // key time 32999: bucket 20 left the 10-bucket window
-		{30000, 2, false, 0, 5000, 9000},
+		// The clock went back 3000µs: the call decides at the key's time,
+		// 28000, where both grants count, and waits 3000µs more for it.
+		{25000, 2, false, 0, 5000, 13000},
+		{29999, 2, false, 0, 1, 8001},
+		{30000, 2, true, 0, 0, 10000},
+		// 15000µs back, more than the longest window: a clock gone wrong.
+		// All the key holds (4) counts as granted in the clock's bucket.
+		{15000, 1, false, 0, 2000, 10000},
+		{15000, 0, true, 0, 0, 10000},
 	})
+}
+
+// Clocks 1ms apart never move a key's time past the faster clock (issue 34,
+// finding 1): 20 per 1s in buckets of 100ms, a call from each clock in turn
+// with no real time passing grants 20, not one more per bucket crossed.
+func TestSlidingSkewNoRatchet(t *testing.T) {
+	m := NewSlidingWindow(20, 1_000_000, 100_000)
+	granted := 0
+	for i := range 400 {
+		at := int64(1_000_000_099_500) + int64(i%2)*1000
+		if m.Step(at, 1).Allowed {
+			granted++
+		}
+	}
+	require.Equal(t, 20, granted)
+}
+
+// A refund gives back permits of its grant while the grant's bucket is in
+// a window, never more than the grant took in all, and nothing on a clock
+// gone wrong.
+func TestSlidingRefund(t *testing.T) {
+	m := NewSlidingLog(1000, []int64{2, 5}, []int64{2000, 10000})
+	r := m.Step(20000, 2)
+	require.True(t, r.Allowed)
+	require.Equal(t, int64(1), m.Refund(20500, r.GrantID, 1))
+	require.Equal(t, int64(0), m.Refund(20500, r.GrantID, 1), "at most once")
+	require.Equal(t, int64(1), m.Refund(20500, r.GrantID, 2), "up to 2 in all")
+	require.Equal(t, int64(0), m.Refund(20500, r.GrantID, 2))
+	require.Equal(t, int64(2), m.Step(20600, 0).Remaining)
+	r = m.Step(21000, 2)
+	require.True(t, r.Allowed)
+	require.Equal(t, int64(0), m.Refund(5000, r.GrantID, 2), "a clock gone wrong gives nothing")
+	require.True(t, m.Step(35000, 1).Allowed)
+	require.Equal(t, int64(0), m.Refund(35000, r.GrantID, 2), "the bucket left every window")
+	require.Equal(t, int64(0), m.Refund(21000, 99, 1), "no such grant")
 }
 
 // ---------------------------------------------------------------------------
@@ -413,7 +463,9 @@ func randomModelCases(rng *rand.Rand) []modelCase {
 		W := P * (1 + rng.Int64N(8))
 		L := rng.Int64N(8)
 		cases = append(cases, modelCase{fmt.Sprintf("SlidingWindow(%d,%d,%d)", L, W, P),
-			func() Model { return NewSlidingWindow(L, W, P) }, L, W, max(1, W/4)})
+			// A clock behind the key's time by up to a window waits that
+			// long too (DESIGN "A key's time").
+			func() Model { return NewSlidingWindow(L, W, P) }, L, 2 * W, max(1, W/4)})
 	}
 	{
 		P := 1 + rng.Int64N(300)
@@ -426,7 +478,7 @@ func randomModelCases(rng *rand.Rand) []modelCase {
 			w += P * rng.Int64N(4)
 		}
 		cases = append(cases, modelCase{fmt.Sprintf("SlidingLog(%d,%v,%v)", P, limits, windows),
-			func() Model { return NewSlidingLog(P, limits, windows) }, limits[0], windows[k-1], max(1, windows[0]/3)})
+			func() Model { return NewSlidingLog(P, limits, windows) }, limits[0], 2 * windows[k-1], max(1, windows[0]/3)})
 	}
 	{
 		C, count, per := rng.Int64N(6), 1+rng.Int64N(7), 1+rng.Int64N(3000)
@@ -443,13 +495,6 @@ func randomModelCases(rng *rand.Rand) []modelCase {
 // clone returns an independent deep copy of m, so that what-if requests can
 // be tried without disturbing m.
 func clone(m Model) Model {
-	copyBuckets := func(bs buckets) buckets {
-		c := buckets{}
-		for k, v := range bs {
-			c[k] = v
-		}
-		return c
-	}
 	copyRat := func(r *big.Rat) *big.Rat {
 		if r == nil {
 			return nil
@@ -459,14 +504,8 @@ func clone(m Model) Model {
 	switch m := m.(type) {
 	case *FixedWindow:
 		return m.Clone()
-	case *SlidingWindow:
-		c := *m
-		c.buckets = copyBuckets(m.buckets)
-		return &c
-	case *SlidingLog:
-		c := *m
-		c.buckets = copyBuckets(m.buckets)
-		return &c
+	case *SlidingWindow, *SlidingLog:
+		return m.Clone()
 	case *LeakyBucket:
 		c := *m
 		c.level = copyRat(m.level)
@@ -477,6 +516,22 @@ func clone(m Model) Model {
 		return &c
 	}
 	panic(fmt.Sprintf("clone: unknown model %T", m))
+}
+
+// clockGoneWrong reports a call at nowUS on a sliding key whose time is
+// ahead of the clock by more than its longest window.
+func clockGoneWrong(m Model, nowUS int64) bool {
+	var log *SlidingLog
+	switch m := m.(type) {
+	case *SlidingWindow:
+		log = m.log
+	case *SlidingLog:
+		log = m
+	default:
+		return false
+	}
+	_, wrong := log.keyTime(nowUS)
+	return wrong
 }
 
 // TestRandomProperties checks, on random traces for every model, that:
@@ -503,7 +558,9 @@ func TestRandomProperties(t *testing.T) {
 					// each call: its lockout ends with the key's TTL, which
 					// a model has not, so its durations are not exact.
 					fw, isFW := m.(*FixedWindow)
-					wrong := isFW && fw.opened && fw.startUS-c.t > fw.windowUS
+					// A sliding key's reads as if all it held had been
+					// granted now: exact only once a grant wrote that.
+					wrong := clockGoneWrong(pre, c.t) || (isFW && fw.opened && fw.startUS-c.t > fw.windowUS)
 					// Durations count from the key's time: a fixed window's
 					// start, when the clock reads earlier.
 					keyT := c.t
@@ -620,7 +677,9 @@ func TestClockBackwardsGivesNoExtraPermits(t *testing.T) {
 				r := m.Step(50000-back, 1)
 				require.False(t, r.Allowed, "back %d: %+v", back, r)
 				require.Zero(t, r.Remaining, "back %d", back)
-				require.LessOrEqual(t, r.RetryAfterUS, int64(10000), "back %d", back)
+				// A clock behind the key's time waits for it too, up to
+				// a window; one further behind decides on its own clock.
+				require.LessOrEqual(t, r.RetryAfterUS, 10000+min(back, 10000), "back %d", back)
 			}
 		})
 	}

@@ -24,12 +24,13 @@ func FixedWindow(limit, windowUS int64) Allowance {
 }
 
 // Sliding is the allowance of a sliding log of precision p (µs) whose
-// strategies hold limits[i] in sizes[i] buckets: an interval of d meets at
-// most d/p + 1 buckets, and every run of sizes[i] buckets holds at most
-// limits[i]; the strictest strategy binds.
+// strategies hold limits[i] in sizes[i] buckets: an interval of d (from a
+// to a + d, both ends included) meets at most ceil(d/p) + 1 buckets, and
+// every run of sizes[i] buckets holds at most limits[i]; the strictest
+// strategy binds.
 func Sliding(p int64, limits, sizes []int64) Allowance {
 	return func(d int64) int64 {
-		buckets := d/p + 1
+		buckets := (d+p-1)/p + 1
 		most := int64(-1)
 		for i, l := range limits {
 			a := l * ((buckets + sizes[i] - 1) / sizes[i])

@@ -1,0 +1,167 @@
+package redlimit
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/faultproxy"
+	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/redlimit/redlimit/internal/testseed"
+)
+
+// refundAlgorithms is every algorithm whose grants refund, as the tests
+// of this file build them: 10 permits that nothing regains while a test
+// runs (forever is the longest period all accept).
+func refundAlgorithms() []struct {
+	name string
+	new  func(rdb redis.Scripter, opts ...Option) (Limiter, error)
+} {
+	out := []struct {
+		name string
+		new  func(rdb redis.Scripter, opts ...Option) (Limiter, error)
+	}{}
+	for _, alg := range algorithms {
+		out = append(out, struct {
+			name string
+			new  func(rdb redis.Scripter, opts ...Option) (Limiter, error)
+		}{alg.name, func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+			return alg.new(rdb, 10, forever, opts...)
+		}})
+	}
+	out = append(out, struct {
+		name string
+		new  func(rdb redis.Scripter, opts ...Option) (Limiter, error)
+	}{"calendar_window", func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+		return NewCalendarWindow(rdb, 10, Monthly(time.UTC, 1), opts...)
+	}})
+	return out
+}
+
+// At most once: the permits given back from one grant are the most any
+// refund asked for, never a sum, and never more than it took.
+func TestRefundAtMostOnce(t *testing.T) {
+	for _, alg := range refundAlgorithms() {
+		t.Run(alg.name, func(t *testing.T) {
+			t.Parallel()
+			forEachBackend(t, func(t *testing.T, b backend) {
+				ctx := context.Background()
+				clock := newClock()
+				l, err := alg.new(b.rdb, WithClock(clock.Now))
+				require.NoError(t, err)
+				r, err := l.AllowN(ctx, "k", 6)
+				require.NoError(t, err)
+				require.True(t, r.Allowed)
+				require.Equal(t, 4, remaining(t, l, "k"))
+				for _, step := range []struct {
+					refund, want int
+					why          string
+				}{
+					{3, 7, "3 given back"},
+					{3, 7, "the same refund again gives nothing"},
+					{2, 7, "a smaller one gives nothing"},
+					{5, 9, "a larger one gives the difference"},
+					{6, 10, "up to what the grant took"},
+					{6, 10, "and never more"},
+				} {
+					require.NoError(t, r.Grant.Refund(ctx, step.refund))
+					require.Equal(t, step.want, remaining(t, l, "k"), "refund(%d): %s", step.refund, step.why)
+				}
+				err = r.Grant.Refund(ctx, 7)
+				require.ErrorIs(t, err, ErrInvalidArgument, "more than the grant took")
+			})
+		})
+	}
+}
+
+// A refund whose reply is lost on the way back has been made; its retry
+// gives nothing more.
+func TestRefundRetriedAfterLostReply(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy, err := faultproxy.Start(srv.Addr())
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+	rdb := recommendedClient(t, proxy.Addr())
+	for _, alg := range refundAlgorithms() {
+		t.Run(alg.name, func(t *testing.T) {
+			ctx := context.Background()
+			l, err := alg.new(rdb, WithoutBreaker(), WithPrefix("lost:"+alg.name+":"))
+			require.NoError(t, err)
+			r, err := l.AllowN(ctx, "k", 5)
+			require.NoError(t, err)
+			require.True(t, r.Allowed)
+			proxy.SetDrop(true)
+			short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			err = r.Grant.Refund(short, 4)
+			cancel()
+			require.Error(t, err, "the reply was lost")
+			proxy.SetDrop(false)
+			require.NoError(t, r.Grant.Refund(ctx, 4), "the retry")
+			require.Equal(t, 9, remaining(t, l, "k"), "the refund was made once")
+		})
+	}
+}
+
+// Goroutines of several clients grant and refund on one key: never over
+// the limit, and at rest the key holds what was granted less what was
+// given back.
+func TestRefundConcurrentExact(t *testing.T) {
+	for _, alg := range refundAlgorithms() {
+		t.Run(alg.name, func(t *testing.T) {
+			t.Parallel()
+			forEachBackend(t, func(t *testing.T, b backend) {
+				ctx := context.Background()
+				const clients, goroutines, calls = 3, 6, 30
+				var held, refunded atomic.Int64
+				var wg sync.WaitGroup
+				for c := range clients {
+					l, err := alg.new(b.rdb)
+					require.NoError(t, err)
+					for g := range goroutines {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							rng := rand.New(rand.NewPCG(uint64(c*100+g)+testseed.Offset(t), 35))
+							for range calls {
+								r, err := l.AllowN(ctx, "hot", 1+rng.IntN(2))
+								if err != nil {
+									t.Errorf("AllowN: %v", err)
+									return
+								}
+								if !r.Allowed {
+									continue
+								}
+								if n := held.Add(int64(r.Grant.N())) - refunded.Load(); n > 10 {
+									t.Errorf("%d permits held at once, limit 10", n)
+								}
+								if rng.IntN(3) > 0 {
+									// Counted before it is made, and grants
+									// after they are: the count held is then
+									// never above the key's.
+									k := 1 + rng.IntN(r.Grant.N())
+									refunded.Add(int64(k))
+									if err := r.Grant.Refund(ctx, k); err != nil {
+										t.Errorf("Refund: %v", err)
+										return
+									}
+								}
+							}
+						}()
+					}
+				}
+				wg.Wait()
+				l, err := alg.new(b.rdb)
+				require.NoError(t, err)
+				require.Equal(t, fmt.Sprint(10-(held.Load()-refunded.Load())), fmt.Sprint(remaining(t, l, "hot")),
+					"at rest: granted %d, given back %d", held.Load(), refunded.Load())
+			})
+		})
+	}
+}

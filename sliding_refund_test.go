@@ -1,0 +1,295 @@
+package redlimit
+
+// Refunds of sliding grants (DESIGN "Grants and refunds"): exact while the
+// grant's bucket is in a window, at most once, never looser than the
+// model, on shared keys too.
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/model"
+	"github.com/redlimit/redlimit/internal/testseed"
+)
+
+// A refund gives back what the grant took, at most once in all: the
+// largest n any refund of it asked for, never a sum; a retried refund, or
+// one of no more than was given back, gives nothing and is no error. A
+// grant whose bucket left the window gives nothing back.
+func TestSlidingRefundAtMostOnce(t *testing.T) {
+	t.Parallel()
+	makers := map[string]slidingMaker{
+		"window": slidingWindowMaker(5, 10*time.Second, time.Second),
+		"log":    slidingLogMaker(time.Second, Strategy{5, 10 * time.Second}, Strategy{20, time.Minute}),
+	}
+	for name, make := range makers {
+		t.Run(name, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, be backend) {
+				ctx := context.Background()
+				clock := newClock()
+				l, err := make(be.rdb, WithClock(clock.Now))
+				require.NoError(t, err)
+				remaining := func() int {
+					r, err := l.AllowN(ctx, "k", 0)
+					require.NoError(t, err)
+					return r.Remaining
+				}
+				first, err := l.AllowN(ctx, "k", 3)
+				require.NoError(t, err)
+				require.Equal(t, 3, first.Grant.N())
+				clock.Advance(2 * time.Second)
+				second, err := l.AllowN(ctx, "k", 2)
+				require.NoError(t, err)
+				require.Equal(t, 0, remaining())
+
+				require.NoError(t, first.Grant.Refund(ctx, 2))
+				require.Equal(t, 2, remaining(), "2 of the first grant's 3 given back")
+				require.NoError(t, first.Grant.Refund(ctx, 2), "a retried refund is no error")
+				require.NoError(t, first.Grant.Refund(ctx, 1), "nor one of less than was given back")
+				require.Equal(t, 2, remaining(), "and gives nothing")
+				require.NoError(t, first.Grant.Refund(ctx, 3))
+				require.Equal(t, 3, remaining(), "3 in all, never 2 + 3")
+				require.ErrorIs(t, first.Grant.Refund(ctx, 4), ErrInvalidArgument, "more than the grant took")
+				require.ErrorIs(t, first.Grant.Refund(ctx, 0), ErrInvalidArgument)
+
+				require.NoError(t, second.Grant.Refund(ctx, 1))
+				require.Equal(t, 4, remaining(), "the second grant's bucket is still in the window")
+
+				clock.Advance(9 * time.Second) // the first grant's bucket left the 10s window
+				require.Equal(t, 4, remaining())
+				require.NoError(t, second.Grant.Refund(ctx, 2))
+				require.Equal(t, 5, remaining(), "the second grant's bucket is still counted")
+				clock.Advance(2 * time.Second)
+				require.NoError(t, second.Grant.Refund(ctx, 2))
+				require.Equal(t, 5, remaining())
+			})
+		})
+	}
+}
+
+// The script's refund reply, read directly: "1 remaining 0 reset strategy
+// -1 given", given being what this refund gave back; a token the script
+// did not make, or one of a grant another key holds, gives nothing and
+// leaves the key as it was.
+func TestSlidingRefundReply(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		clock := newClock()
+		l, err := NewSlidingWindow(be.rdb, 5, 10*time.Second, time.Second, WithClock(clock.Now))
+		require.NoError(t, err)
+		r, err := l.AllowN(ctx, "k", 3)
+		require.NoError(t, err)
+		token := grantToken(r.Grant)
+		now := fmt.Sprint(clock.now.UnixMicro())
+		args := []any{"w", time.Second.Microseconds(), 5, 10}
+		refund := func(key, k string) string {
+			v, err := slidingScript.Run(ctx, be.rdb, []string{l.RedisKey(key)}, append([]any{now, k}, args...)...).Result()
+			require.NoError(t, err)
+			return v.(string)
+		}
+		require.Equal(t, "1 4 0 10000000 0 -1 2", refund("k", "-2:"+token))
+		require.Equal(t, "1 4 0 10000000 0 -1 0", refund("k", "-2:"+token), "given back already")
+		require.Equal(t, "1 5 0 10000000 0 -1 1", refund("k", "-3:"+token))
+		for _, bad := range []string{"-1:x", "-1:" + token + "0", "-1:1.2.3", "-1:", "-x:" + token} {
+			require.Equal(t, "1 5 0 10000000 0 -1 0", refund("k", bad), "token %q", bad)
+		}
+		_, err = l.AllowN(ctx, "other", 1)
+		require.NoError(t, err)
+		require.Equal(t, "1 4 0 10000000 0 -1 0", refund("other", "-3:"+token), "another key's grant")
+		require.Equal(t, "1 5 0 0 0 -1 0", refund("none", "-3:"+token), "a missing key")
+		require.Zero(t, be.rdb.Exists(ctx, l.RedisKey("none")).Val(), "a refund creates no key")
+	})
+}
+
+// grantToken is the token g carries, read from its printed fields: tests
+// only, to call the script directly.
+func grantToken(g Grant) string {
+	s := fmt.Sprintf("%#v", g)
+	i := strings.Index(s, `token:"`) + len(`token:"`)
+	return s[i : i+strings.Index(s[i:], `"`)]
+}
+
+// Random traces of grants, denials, n == 0 and partial refunds (of grants
+// still counted or long gone, retried, past the grant), with the clock
+// now and then going back or gone wrong, against the model extended with
+// refunds: the same Result at every step. Each trace refunds at most 16
+// grants, the records a key keeps.
+func TestSlidingRefundAgainstModel(t *testing.T) {
+	t.Parallel()
+	offset := testseed.Offset(t)
+	traces, steps := 20, 300
+	if testing.Short() {
+		traces, steps = 5, 200
+	}
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		be.keepKeys()
+		for tr := range traces {
+			rng := rand.New(rand.NewPCG(uint64(tr)+offset, 35))
+			precision := time.Duration(1+rng.IntN(4)) * ms
+			s := randomStrategies(rng, precision, 20*precision)
+			var limits, windows []int64
+			for _, x := range s {
+				limits, windows = append(limits, int64(x.Limit)), append(windows, x.Window.Microseconds())
+			}
+			m := model.NewSlidingLog(precision.Microseconds(), limits, windows)
+			clock := newClock()
+			l, err := NewSlidingLog(be.rdb, precision, s, WithPrefix(fmt.Sprintf("refund:%d:", tr)), WithClock(clock.Now))
+			require.NoError(t, err)
+			type granted struct {
+				grant Grant
+				id    int64
+			}
+			var grants []granted
+			refunds := 0
+			for i := range steps {
+				step := time.Duration(rng.IntN(int(precision/us)*2)) * us
+				switch rng.IntN(40) {
+				case 0:
+					step = -step * time.Duration(1+rng.IntN(4))
+				case 1:
+					step = -s[len(s)-1].Window * 2
+				}
+				clock.Advance(step)
+				now := clock.now.UnixMicro()
+				if len(grants) > 0 && refunds < 16 && rng.IntN(4) == 0 {
+					g := grants[rng.IntN(len(grants))]
+					k := 1 + rng.IntN(g.grant.N())
+					require.NoError(t, g.grant.Refund(ctx, k), "trace %d step %d", tr, i)
+					m.Refund(now, g.id, int64(k))
+					refunds++
+					continue
+				}
+				n := rng.IntN(s[0].Limit + 2)
+				got, err := l.AllowN(ctx, "k", n)
+				require.NoError(t, err, "trace %d step %d", tr, i)
+				want := m.Step(now, int64(n))
+				w := Result{Allowed: want.Allowed, Limit: int(want.Limit), Remaining: int(want.Remaining),
+					RetryAfter: time.Duration(want.RetryAfterUS) * us, ResetAfter: time.Duration(want.ResetAfterUS) * us}
+				if want.RetryAfterUS == model.Never {
+					w.RetryAfter = Never
+				}
+				require.Equal(t, w, withoutGrant(got), "trace %d (by %v %v) step %d (%v), n=%d", tr, precision, s, i, clock.now.Sub(epoch), n)
+				if got.Allowed && n > 0 {
+					grants = append(grants, granted{got.Grant, want.GrantID})
+				}
+			}
+		}
+	})
+}
+
+// Two configurations share a key, and refunds by either leave it as it
+// would be had the grant taken that many fewer permits: key a gets grants
+// of n and refunds of k < n, its twin b the grants of n - k at the same
+// times, and every answer on the two is the same, for both
+// configurations. Then a refund of a whole grant: a is never the looser.
+func TestSlidingRefundSharedTwins(t *testing.T) {
+	t.Parallel()
+	offset := testseed.Offset(t)
+	traces, steps := 16, 120
+	if testing.Short() {
+		traces, steps = 6, 80
+	}
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		be.keepKeys()
+		for tr := range traces {
+			rng := rand.New(rand.NewPCG(uint64(tr)+offset, 36))
+			clock := newClock()
+			windows := rng.IntN(2) == 0
+			var limiters []Limiter
+			var names []string
+			var smallest []int
+			for range 2 {
+				name, make, limit := randomSlidingConfig(rng, windows)
+				l, err := make(be.rdb, WithPrefix(fmt.Sprintf("rtwin:%d:", tr)), WithClock(clock.Now))
+				require.NoError(t, err)
+				limiters, names, smallest = append(limiters, l), append(names, name), append(smallest, limit)
+			}
+			refunds := 0
+			for i := range steps {
+				clock.Advance(time.Duration(rng.IntN(1500)) * us)
+				c := rng.IntN(2)
+				n := rng.IntN(smallest[c] + 1)
+				a, err := limiters[c].AllowN(ctx, "a", n)
+				require.NoError(t, err)
+				k := 0
+				if a.Allowed && n > 1 && refunds < 16 && rng.IntN(2) == 0 {
+					k = 1 + rng.IntN(n-1)
+				}
+				b, err := limiters[c].AllowN(ctx, "b", n-k)
+				require.NoError(t, err)
+				if k == 0 {
+					require.Equal(t, withoutGrant(a), withoutGrant(b), "trace %d step %d: %s n=%d (configurations %v)", tr, i, names[c], n, names)
+				} else {
+					require.True(t, b.Allowed, "trace %d step %d: %s n=%d allowed, %d not", tr, i, names[c], n, n-k)
+					clock.Advance(time.Duration(rng.IntN(500)) * us)
+					require.NoError(t, a.Grant.Refund(ctx, k))
+					refunds++
+				}
+				for j, l := range limiters {
+					ra, err := l.AllowN(ctx, "a", 0)
+					require.NoError(t, err)
+					rb, err := l.AllowN(ctx, "b", 0)
+					require.NoError(t, err)
+					require.Equal(t, withoutGrant(rb), withoutGrant(ra), "trace %d step %d: %s looks (configurations %v)", tr, i, names[j], names)
+				}
+			}
+		}
+	})
+}
+
+// Goroutines in two processes (clients) grant and refund on one key at
+// once: never over the limit, and at rest the key holds at least the
+// grants not refunded. Exactly those, but for refunds that arrived after
+// the records of 16 later grants of the key (a key keeps 16): those give
+// nothing, stricter and never looser (docs/internals.md, Refunds).
+func TestSlidingRefundConcurrent(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		const limit, workers, calls = 400, 8, 40
+		var limiters [2]Limiter
+		for i := range limiters {
+			var err error
+			limiters[i], err = NewSlidingLog(be.rdb, time.Second, []Strategy{{limit, time.Hour}, {2 * limit, 2 * time.Hour}})
+			require.NoError(t, err)
+		}
+		var wg sync.WaitGroup
+		var kept atomic.Int64
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				l := limiters[w%2]
+				for i := range calls {
+					r, err := l.AllowN(ctx, "k", 2)
+					if err != nil || !r.Allowed {
+						t.Errorf("worker %d call %d: %+v, %v", w, i, r, err)
+						return
+					}
+					back := 1 + i%2 // every other grant is given back whole
+					if err := r.Grant.Refund(ctx, back); err != nil {
+						t.Errorf("worker %d call %d: refund: %v", w, i, err)
+						return
+					}
+					kept.Add(int64(2 - back))
+				}
+			}()
+		}
+		wg.Wait()
+		r, err := limiters[0].AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		require.LessOrEqual(t, r.Remaining, limit-int(kept.Load()), "the key holds the grants not given back")
+		t.Logf("%d permits of refunds that came too late given nothing", limit-int(kept.Load())-r.Remaining)
+	})
+}
