@@ -29,8 +29,7 @@ type Part struct {
 // taken nothing when it returns: parts granted before the denial was
 // known are refunded, in one more round trip (leases released), so no
 // part is charged for a request that was refused; between the grant and
-// the refund, others may find
-// those parts stricter, never looser.
+// the refund, others may find those parts stricter, never looser.
 //
 // Denied, the Result is that of the denying part with the longest
 // RetryAfter, and Result.Part is its index. Granted, it is the part with
