@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlimit/redlimit/internal/engine"
+	"github.com/redlimit/redlimit/internal/nilcheck"
 )
 
 // ErrUnavailable is matched (errors.Is) by the error of a call that the
@@ -274,7 +275,7 @@ func (o outageOptions) configure(algorithm string, rdb redis.Scripter, cfg *engi
 	if o.breaker != nil && o.breaker.b == nil {
 		return engine.Errorf(ErrInvalidConfig, "redlimit: %s: WithBreaker: the Breaker is a zero value: make it with NewBreaker", algorithm)
 	}
-	if o.fallbackSet && (o.fallback == nil || isNilPointer(o.fallback)) {
+	if o.fallbackSet && nilcheck.IsNil(o.fallback) {
 		return engine.Errorf(ErrInvalidConfig, "redlimit: %s: WithFallback(nil)", algorithm)
 	}
 	multiNode := false

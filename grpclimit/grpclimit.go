@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"reflect"
 	"strings"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/nilcheck"
 )
 
 // ErrMissingKey is matched when a call lacks what its key is made of: the
@@ -158,7 +158,7 @@ type limiter struct {
 }
 
 func newLimiter(l redlimit.Limiter, opts []Option) *limiter {
-	if l == nil || isNilPointer(l) {
+	if nilcheck.IsNil(l) {
 		panic(fmt.Sprintf("grpclimit: nil Limiter (%T): check the error of its constructor", l))
 	}
 	c := config{
@@ -181,15 +181,6 @@ func newLimiter(l redlimit.Limiter, opts []Option) *limiter {
 		panic(fmt.Sprintf("grpclimit: WithTimeout(%v): must be positive", c.timeout))
 	}
 	return &limiter{cfg: c, l: l}
-}
-
-func isNilPointer(v any) bool {
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Func, reflect.Slice, reflect.Chan:
-		return rv.IsNil()
-	}
-	return false
 }
 
 // check decides one call: nil lets it through, with the Grant of what it

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"reflect"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/nilcheck"
 )
 
 // Errors handed to the ErrorHandler and the OnError callback. Each wraps the
@@ -273,7 +273,7 @@ func ResultFromContext(ctx context.Context) (res redlimit.Result, ok bool) {
 // programming errors, caught at start-up. Nothing a request carries makes it
 // panic.
 func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Handler {
-	if isNil(l) {
+	if nilcheck.IsNil(l) {
 		panic(fmt.Sprintf("httplimit: Middleware: nil Limiter (%T): check the error of its constructor", l))
 	}
 	c := config{
@@ -321,7 +321,7 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 			if _, dup := h.byName[p.Name]; dup || p.Name == "" {
 				panic(fmt.Sprintf("httplimit: WithPlans: plan name %q: empty or used twice", p.Name))
 			}
-			if isNil(p.Limiter) {
+			if nilcheck.IsNil(p.Limiter) {
 				panic(fmt.Sprintf("httplimit: WithPlans: plan %q: nil Limiter (%T)", p.Name, p.Limiter))
 			}
 			if p.Window < 0 {
@@ -366,21 +366,6 @@ func (c *config) newPolicy(name string, l redlimit.Limiter, windowSeconds int64)
 		p.params += ";w=" + strconv.FormatInt(windowSeconds, 10)
 	}
 	return p
-}
-
-// isNil reports a nil Limiter, including a typed nil such as a
-// (*redlimit.TokenBucket)(nil) left by an ignored constructor error, which
-// would panic on its first request.
-func isNil(l redlimit.Limiter) bool {
-	if l == nil {
-		return true
-	}
-	v := reflect.ValueOf(l)
-	switch v.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Func, reflect.Slice, reflect.Chan:
-		return v.IsNil()
-	}
-	return false
 }
 
 type handler struct {
