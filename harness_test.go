@@ -162,8 +162,12 @@ func newLimiters(t testing.TB, rdb redis.Scripter, limit int, period time.Durati
 
 // keyPrefix returns l's Redis key prefix: WithPrefix's, or the default
 // redlimit:<code>:<config>:.
-func keyPrefix(l Limiter) string {
-	return l.(interface{ RedisKey(string) string }).RedisKey("")
+func keyPrefix(l Limiter) string { return redisKey(l, "") }
+
+// redisKey returns the Redis key that holds key's state in l, one of this
+// package's limiters.
+func redisKey(l Limiter, key string) string {
+	return l.(interface{ redisKey(string) string }).redisKey(key)
 }
 
 // backend is a Redis server a script test runs on.

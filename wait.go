@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/redlimit/redlimit/internal/nilcheck"
 )
 
 // Wait is WaitN(ctx, l, key, 1).
@@ -37,7 +39,7 @@ func realTimer(d time.Duration) (<-chan time.Time, func() bool) {
 }
 
 func waitN(ctx context.Context, l Limiter, key string, n int, newTimer timerFunc) error {
-	if l == nil || isNilPointer(l) {
+	if nilcheck.IsNil(l) {
 		name := "Limiter"
 		if l != nil {
 			name = fmt.Sprintf("%T", l)
@@ -68,14 +70,11 @@ func waitN(ctx context.Context, l Limiter, key string, n int, newTimer timerFunc
 	}
 }
 
-// windowOf returns the window of l's limit of size limit, when l tells it:
-// this package's limiters do, and so do limiters with a Strategies method
-// (inmem.SlidingLog). 0 otherwise.
+// windowOf returns the window of l's limit of size limit, when l tells it
+// through a Strategies method (this package's limiters, inmem's SlidingLog).
+// 0 otherwise.
 func windowOf(l Limiter, limit int) time.Duration {
-	switch l := l.(type) {
-	case interface{ core() *limiter }:
-		return l.core().windowOf(limit)
-	case interface{ Strategies() []Strategy }:
+	if l, ok := l.(interface{ Strategies() []Strategy }); ok {
 		for _, st := range l.Strategies() {
 			if st.Limit == limit {
 				return st.Window

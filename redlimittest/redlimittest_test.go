@@ -89,10 +89,10 @@ func TestServerTimeFollowsTheClock(t *testing.T) {
 // Advance counts TTLs down on the server, so keys expire as they would.
 func TestAdvanceExpiresKeys(t *testing.T) {
 	env := redlimittest.New(t)
-	l, err := redlimit.NewFixedWindow(env.Client(), 1, time.Minute, env.Options()...)
+	l, err := redlimit.NewFixedWindow(env.Client(), 1, time.Minute, env.Options(redlimit.WithPrefix("window:"))...)
 	require.NoError(t, err)
 	require.NoError(t, l.TryAcquire(context.Background(), "k"))
-	key := l.RedisKey("k")
+	const key = "window:k"
 	require.True(t, env.Server().Exists(key), "the window's key")
 	env.Advance(time.Minute - time.Millisecond)
 	require.True(t, env.Server().Exists(key), "still there just before its TTL")
