@@ -95,9 +95,10 @@ var (
 	ErrAcquireFailed = engine.ErrAcquireFailed
 	// ErrInvalidConfig is matched by constructor errors: a bad limit, window,
 	// precision, rate or option. The message names the field and the value.
-	// A limiter not made by its constructor (a zero value, or a nil
-	// *TokenBucket, ... whose constructor's error was ignored) returns it
-	// from every method, and so do Wait and WaitN given a nil Limiter.
+	// A zero-value limiter (a TokenBucket, ... declared rather than made by
+	// its constructor) returns it from every method, and so do Wait and
+	// WaitN given a nil Limiter. A nil *TokenBucket, ... (a constructor's
+	// error ignored) panics on its methods, as a nil *rate.Limiter does.
 	ErrInvalidConfig = engine.ErrInvalidConfig
 	// ErrInvalidArgument is matched by call errors: an empty key or one
 	// longer than MaxKeyBytes, n < 0, a nil ctx, or a WithClock clock

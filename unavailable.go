@@ -16,9 +16,10 @@ import (
 // circuit breaker answered at once, without a round trip, because Redis
 // failed repeatedly just before. The error also wraps the Redis error that
 // opened the breaker (errors.Is(err, syscall.ECONNREFUSED) and friends
-// hold), and has a method RetryAfter() time.Duration: the time until the
-// breaker lets a call probe Redis again. A Redis failure that did not go
-// through an open breaker is returned as it is and does not match.
+// hold); RetryAfter(err) tells the time until the breaker lets a call
+// probe Redis again, and WaitN with WaitOutBreaker waits it out. A Redis
+// failure that did not go through an open breaker is returned as it is and
+// does not match.
 var ErrUnavailable = errors.New("redlimit: Redis unavailable")
 
 // Default circuit breaker settings: see BreakerConfig.

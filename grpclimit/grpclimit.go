@@ -239,9 +239,8 @@ func (lim *limiter) decide(ctx context.Context, method string) (redlimit.Grant, 
 			return none, nil
 		}
 		st := status.New(codes.Unavailable, "rate limiter unavailable")
-		var hint interface{ RetryAfter() time.Duration }
-		if errors.As(err, &hint) && hint.RetryAfter() > 0 {
-			st = withRetry(st, hint.RetryAfter())
+		if wait, ok := redlimit.RetryAfter(err); ok && wait > 0 {
+			st = withRetry(st, wait)
 		}
 		return none, st.Err()
 	}

@@ -416,9 +416,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrNoDecision, err)
 		if c.failClosed && !c.shadow {
-			var hint interface{ RetryAfter() time.Duration }
-			if errors.As(err, &hint) && hint.RetryAfter() > 0 {
-				w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(hint.RetryAfter()), 10))
+			if wait, ok := redlimit.RetryAfter(err); ok && wait > 0 {
+				w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(wait), 10))
 			}
 			h.fail(w, r, err)
 			return

@@ -537,6 +537,7 @@ func TestMiddlewareTimeout(t *testing.T) {
 type unavailableError struct{ cooldown time.Duration }
 
 func (e unavailableError) Error() string             { return "unavailable" }
+func (e unavailableError) Unwrap() error             { return redlimit.ErrUnavailable }
 func (e unavailableError) RetryAfter() time.Duration { return e.cooldown }
 
 type failingLimiter struct {
