@@ -13,6 +13,7 @@ import (
 
 	"github.com/redlimit/redlimit/internal/engine"
 	"github.com/redlimit/redlimit/internal/nilcheck"
+	"github.com/redlimit/redlimit/internal/shadow"
 )
 
 // Limiter is implemented by every limiter in this package. All are safe for
@@ -272,7 +273,9 @@ type Decision struct {
 	// fallback (ErrUnavailable's while the circuit breaker is open); nil
 	// otherwise.
 	Cause error
-	// Shadow reports a call under ShadowContext: decided and counted, never enforced.
+	// Shadow reports a call of a middleware in shadow mode
+	// (httplimit.WithShadow, grpclimit.WithShadow): decided and counted,
+	// never enforced.
 	Shadow bool
 	// Refund reports a Grant's refund rather than a decision: N is the
 	// refund's n (the permits to have given back in all), Result the key's
@@ -385,7 +388,7 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 	}
 	if fn := o.observer; fn != nil {
 		cfg.Observe = func(ev engine.Event) {
-			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.Fallback != nil, Cause: ev.Reply.Cause, Shadow: IsShadow(ev.Ctx), Refund: ev.Refund, Limiter: o.name}
+			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.Fallback != nil, Cause: ev.Reply.Cause, Shadow: shadow.Is(ev.Ctx), Refund: ev.Refund, Limiter: o.name}
 			if ev.Err == nil {
 				d.Result = l.result(ev.Reply, ev.Key, ev.N)
 			}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/internal/nilcheck"
+	"github.com/redlimit/redlimit/internal/shadow"
 )
 
 // ErrMissingKey is matched when a call lacks what its key is made of: the
@@ -225,7 +226,7 @@ func (lim *limiter) decide(ctx context.Context, method string) (redlimit.Grant, 
 	decideCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
 	defer cancel()
 	if c.shadow {
-		decideCtx = redlimit.ShadowContext(decideCtx)
+		decideCtx = shadow.With(decideCtx)
 	}
 	res, err := lim.l.AllowN(decideCtx, key, cost)
 	if err != nil {

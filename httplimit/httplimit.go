@@ -11,6 +11,7 @@ import (
 
 	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/internal/nilcheck"
+	"github.com/redlimit/redlimit/internal/shadow"
 )
 
 // Errors handed to the ErrorHandler and the OnError callback. Each wraps the
@@ -439,7 +440,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), c.timeout)
 	defer cancel()
 	if c.shadow {
-		ctx = redlimit.ShadowContext(ctx)
+		ctx = shadow.With(ctx)
 	}
 	res, err := p.limiter.AllowN(ctx, key, cost)
 	if errors.Is(err, redlimit.ErrInvalidArgument) {
