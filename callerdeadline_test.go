@@ -43,8 +43,8 @@ func TestBreakerIgnoresCallersShortDeadlines(t *testing.T) {
 		rdb := redis.NewClient(o)
 		t.Cleanup(func() { rdb.Close() })
 		var opened atomic.Int64
-		breaker, err := NewBreaker(BreakerConfig{OnChange: func(c BreakerChange) {
-			if c.To == BreakerOpen {
+		breaker, err := NewBreaker(BreakerConfig{OnChange: func(_, to BreakerState, _ error) {
+			if to == BreakerOpen {
 				opened.Add(1)
 			}
 		}})
@@ -96,7 +96,7 @@ func TestBreakerIgnoresCallersShortDeadlines(t *testing.T) {
 		stop()
 		wg.Wait()
 		t.Logf("%s: %d attacker calls timed out; honest caller: %d allowed, %d denied", b.name, timedOut.Load(), allowed, denied)
-		require.GreaterOrEqual(t, timedOut.Load(), int64(DefaultBreakerFailures),
+		require.GreaterOrEqual(t, timedOut.Load(), int64(defaultBreakerFailures),
 			"the attack must time calls out, or this test shows nothing")
 		require.Zero(t, opened.Load(), "callers' own short deadlines must never open the breaker")
 		require.Equal(t, BreakerClosed, breaker.State())
@@ -116,7 +116,7 @@ func TestBreakerOpensOnKilledRedisWithShortDeadlines(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, l.TryAcquire(context.Background(), "k"))
 	require.NoError(t, srv.Kill())
-	for range DefaultBreakerFailures {
+	for range defaultBreakerFailures {
 		_, err := callWithin(l, "k", 10*time.Millisecond)
 		require.ErrorIs(t, err, syscall.ECONNREFUSED)
 	}
@@ -201,7 +201,7 @@ func TestShortDeadlinesKeepConnections(t *testing.T) {
 		// A round trip that outlasts MinDeadline is cut there, on purpose,
 		// and costs a dial: a loaded machine makes a few. Those are
 		// counted apart; a cut at the caller's deadline is far shorter.
-		slow := &slowCalls{least: DefaultBreakerMinDeadline / 2}
+		slow := &slowCalls{least: defaultBreakerMinDeadline / 2}
 		rdb.AddHook(slow)
 		for _, opts := range [][]Option{nil, {WithoutBreaker()}} {
 			dials.Store(0)

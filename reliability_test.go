@@ -51,7 +51,7 @@ const (
 	// counts as a hang: scheduling delay under -race on two busy cores.
 	relSlack = time.Second
 	// relCooldown is the breaker cooldown of the limiters under load. The
-	// default (DefaultBreakerCooldown, 1s) would only add to every wait for
+	// default (1s) would only add to every wait for
 	// recovery; the breaker's own timing is tested on a fake clock.
 	relCooldown = 100 * time.Millisecond
 	// relRecovery is how soon after Redis is back calls must succeed again.

@@ -22,11 +22,11 @@ import (
 // does not match.
 var ErrUnavailable = errors.New("redlimit: Redis unavailable")
 
-// Default circuit breaker settings: see BreakerConfig.
+// The circuit breaker's defaults: see BreakerConfig.
 const (
-	DefaultBreakerFailures    = 5
-	DefaultBreakerCooldown    = time.Second
-	DefaultBreakerMinDeadline = engine.DefaultMinDeadline
+	defaultBreakerFailures    = 5
+	defaultBreakerCooldown    = time.Second
+	defaultBreakerMinDeadline = engine.DefaultMinDeadline
 )
 
 // BreakerConfig tunes a circuit breaker. The zero value gives the defaults.
@@ -68,10 +68,11 @@ type BreakerConfig struct {
 	Cooldown time.Duration
 	// OnChange, if not nil, is told of every state change, from the
 	// goroutine whose call caused it, while the breaker holds its lock:
-	// keep it quick and do not call the limiter from it. Changes happen
-	// during calls: an open breaker becomes half-open when a call after its
-	// cooldown probes, not when the cooldown ends.
-	OnChange func(BreakerChange)
+	// keep it quick and do not call the limiter from it. err is the Redis
+	// error that opened the breaker when to is BreakerOpen, nil otherwise.
+	// Changes happen during calls: an open breaker becomes half-open when
+	// a call after its cooldown probes, not when the cooldown ends.
+	OnChange func(from, to BreakerState, err error)
 	// MinDeadline is the shortest ctx deadline, counted from the start of
 	// the call, whose passing mid-call counts as a failure; a call cut short
 	// by a shorter deadline of its own says nothing about Redis and is not
@@ -108,19 +109,9 @@ const (
 // String names the state: "closed", "open" or "half-open".
 func (s BreakerState) String() string { return engine.BreakerState(s).String() }
 
-// BreakerChange is one state change of a circuit breaker.
-type BreakerChange struct {
-	From, To BreakerState
-	// Err is the Redis error that opened the breaker, when To is
-	// BreakerOpen; nil otherwise.
-	Err error
-	// At is when it changed, on BreakerConfig.Now.
-	At time.Time
-}
-
 // Breaker is a circuit breaker between limiters and Redis. Every limiter
 // on a *redis.Client (or any single-server Scripter) has its own by default
-// (DefaultBreakerFailures, DefaultBreakerCooldown). A limiter on a
+// (5 failures, a cooldown of 1s: see BreakerConfig). A limiter on a
 // *redis.ClusterClient or *redis.Ring has none unless WithBreaker gives it
 // one: its keys live on several servers, and one breaker would fail the
 // keys of the live ones with those of a dead one.
@@ -146,17 +137,17 @@ func NewBreaker(cfg BreakerConfig) (*Breaker, error) {
 	}
 	ec := engine.BreakerConfig{Failures: cfg.Failures, Cooldown: cfg.Cooldown, MinDeadline: cfg.MinDeadline, Now: cfg.Now}
 	if ec.MinDeadline == 0 {
-		ec.MinDeadline = DefaultBreakerMinDeadline
+		ec.MinDeadline = defaultBreakerMinDeadline
 	}
 	if ec.Failures == 0 {
-		ec.Failures = DefaultBreakerFailures
+		ec.Failures = defaultBreakerFailures
 	}
 	if ec.Cooldown == 0 {
-		ec.Cooldown = DefaultBreakerCooldown
+		ec.Cooldown = defaultBreakerCooldown
 	}
 	if fn := cfg.OnChange; fn != nil {
 		ec.OnChange = func(c engine.BreakerChange) {
-			fn(BreakerChange{From: BreakerState(c.From), To: BreakerState(c.To), Err: c.Err, At: c.At})
+			fn(BreakerState(c.From), BreakerState(c.To), c.Err)
 		}
 	}
 	return &Breaker{b: engine.NewBreaker(ec)}, nil
