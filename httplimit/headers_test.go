@@ -23,10 +23,11 @@ func TestChainedMiddlewaresListEveryPolicy(t *testing.T) {
 	require.NoError(t, err)
 	hour, err := redlimit.NewFixedWindow(env.Client(), 100, time.Hour, env.Options()...)
 	require.NoError(t, err)
-	// Every request is decided: a loaded test machine must not fail one open.
+	// Every request is decided, however loaded the machine: redlimittest's
+	// client outlasts the middleware's deadline.
 	noErrors := WithOnError(func(_ *http.Request, err error) { t.Errorf("no decision: %v", err) })
-	h := Middleware(minute, WithPolicyName("minute"), WithWindow(time.Minute), WithLegacyHeaders(), noErrors, WithTimeout(5*time.Second))(
-		Middleware(hour, WithPolicyName("hour"), WithWindow(time.Hour), WithLegacyHeaders(), noErrors, WithTimeout(5*time.Second))(ok))
+	h := Middleware(minute, WithPolicyName("minute"), WithLegacyHeaders(), noErrors)(
+		Middleware(hour, WithPolicyName("hour"), WithLegacyHeaders(), noErrors)(ok))
 
 	type want struct {
 		status            int
