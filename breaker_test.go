@@ -377,7 +377,7 @@ func TestBreakerOneProbe(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	h.waitState(t, BreakerOpen, 5*time.Second, "the probe failed: open again")
+	h.waitState(t, BreakerOpen, 30*time.Second, "the probe failed: open again")
 	require.Equal(t, 1, sent.scripts(), "exactly one probe reached Redis")
 	require.EqualValues(t, 1, slow.Load(), "the probe's caller waited for its deadline")
 	require.EqualValues(t, 159, fast.Load())
