@@ -54,8 +54,9 @@ func Run() (*Env, error) {
 		Addr:                  server.Addr(),
 		ContextTimeoutEnabled: true,
 		// A test that stops the server wants the error now, not after
-		// go-redis has retried the dial.
-		MaxRetries: -1,
+		// go-redis has retried the command or the dial.
+		MaxRetries:    -1,
+		DialerRetries: 1,
 	})
 	client.AddHook(patience{})
 	return &Env{server: server, client: client, now: Epoch}, nil
