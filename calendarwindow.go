@@ -1,7 +1,6 @@
 package redlimit
 
 import (
-	"context"
 	"sync/atomic"
 	"time"
 
@@ -132,48 +131,4 @@ func (l *CalendarWindow) Period() Period {
 		return Period{}
 	}
 	return l.period
-}
-
-// core returns the shared limiter, or one that refuses every call when l
-// is nil.
-func (l *CalendarWindow) core() *limiter {
-	if l == nil {
-		return &limiter{nilType: "CalendarWindow", nilConstructor: "NewCalendarWindow"}
-	}
-	return &l.limiter
-}
-
-// TryAcquire takes one permit for key: nil when allowed, a
-// *ViolationStrategyError when denied (it matches ErrAcquireFailed), any
-// other error when no decision was made. See Limiter.
-func (l *CalendarWindow) TryAcquire(ctx context.Context, key string) error {
-	return l.core().TryAcquire(ctx, key)
-}
-
-// Allow is AllowN(ctx, key, 1).
-func (l *CalendarWindow) Allow(ctx context.Context, key string) (Result, error) {
-	return l.core().AllowN(ctx, key, 1)
-}
-
-// AllowN takes n permits for key if all n are available in the key's
-// period, else none; err is non-nil only when no decision was made. n == 0
-// reports the current state; n above the limit is denied with RetryAfter
-// == Never. A granted Result's Grant refunds into the period that counted
-// it, while it is still the key's. See Limiter.
-func (l *CalendarWindow) AllowN(ctx context.Context, key string, n int) (Result, error) {
-	return l.core().AllowN(ctx, key, n)
-}
-
-// Reset forgets all state of key, in Redis and in the deny cache.
-func (l *CalendarWindow) Reset(ctx context.Context, key string) error {
-	return l.core().Reset(ctx, key)
-}
-
-// RedisKey returns the Redis key that holds key's state: the limiter's
-// prefix followed by key ("" for a nil limiter).
-func (l *CalendarWindow) RedisKey(key string) string {
-	if l == nil {
-		return ""
-	}
-	return l.limiter.RedisKey(key)
 }
