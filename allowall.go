@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/redlimit/redlimit/internal/engine"
+	"github.com/redlimit/redlimit/internal/nilcheck"
 )
 
 // Part is one limit of an AllowAll decision: a limiter and the key it
@@ -159,7 +160,7 @@ func checkParts(ctx context.Context, n int, parts []Part) error {
 		return engine.Errorf(ErrInvalidArgument, "redlimit: AllowAll: n %d: must not be negative", n)
 	}
 	for i, p := range parts {
-		if p.Limiter == nil || isNilPointer(p.Limiter) {
+		if nilcheck.IsNil(p.Limiter) {
 			return engine.Errorf(ErrInvalidArgument, "redlimit: AllowAll: part %d: nil Limiter", i)
 		}
 		if err := engine.CheckArgs(ErrInvalidArgument, "AllowAll", ctx, p.Key); err != nil {

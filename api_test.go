@@ -60,46 +60,39 @@ func TestKeyLength(t *testing.T) {
 	})
 }
 
-// Every method of a nil limiter of each type, and Wait on it or on a nil
-// Limiter, returns ErrInvalidConfig naming the fix instead of panicking.
+// A limiter no constructor made is a programming error. A zero value
+// answers ErrInvalidConfig from every method (TestMisuseIsAnError); a nil
+// *FixedWindow, ... panics on its methods, as a nil *rate.Limiter does in
+// golang.org/x/time/rate, and Wait given it, or a nil Limiter, returns
+// ErrInvalidConfig naming the type instead of panicking.
 func TestNilLimiters(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	nils := []struct {
-		name        string
-		l           Limiter
-		constructor string
+		name string
+		l    Limiter
 	}{
-		{"FixedWindow", (*FixedWindow)(nil), "NewFixedWindow"},
-		{"SlidingWindow", (*SlidingWindow)(nil), "NewSlidingWindow"},
-		{"SlidingLog", (*SlidingLog)(nil), "NewSlidingLog"},
-		{"LeakyBucket", (*LeakyBucket)(nil), "NewLeakyBucket"},
-		{"TokenBucket", (*TokenBucket)(nil), "NewTokenBucket"},
+		{"FixedWindow", (*FixedWindow)(nil)},
+		{"SlidingWindow", (*SlidingWindow)(nil)},
+		{"SlidingLog", (*SlidingLog)(nil)},
+		{"LeakyBucket", (*LeakyBucket)(nil)},
+		{"TokenBucket", (*TokenBucket)(nil)},
 	}
 	for _, tc := range nils {
 		t.Run(tc.name, func(t *testing.T) {
 			l := tc.l
-			calls := map[string]func() error{
-				"TryAcquire": func() error { return l.TryAcquire(ctx, "k") },
-				"Allow":      func() error { _, err := l.Allow(ctx, "k"); return err },
-				"AllowN":     func() error { _, err := l.AllowN(ctx, "k", 1); return err },
-				"Reset":      func() error { return l.Reset(ctx, "k") },
-				"Wait":       func() error { return Wait(ctx, l, "k") },
-				"WaitN":      func() error { return WaitN(ctx, l, "k", 2) },
+			waits := map[string]func() error{
+				"Wait":  func() error { return Wait(ctx, l, "k") },
+				"WaitN": func() error { return WaitN(ctx, l, "k", 2) },
 			}
-			for name, call := range calls {
+			for name, call := range waits {
 				var err error
 				require.NotPanics(t, func() { err = call() }, "%s on a nil *%s", name, tc.name)
 				require.ErrorIs(t, err, ErrInvalidConfig, "%s on a nil *%s", name, tc.name)
 				require.Contains(t, err.Error(), "nil *", "%s: the message says the limiter is nil", name)
 				require.Contains(t, err.Error(), tc.name, "%s: the message names the nil type", name)
-				if !strings.HasPrefix(name, "Wait") {
-					require.Contains(t, err.Error(), tc.constructor, "%s: the message names the constructor", name)
-				}
 			}
-			var key string
-			require.NotPanics(t, func() { key = l.(interface{ RedisKey(string) string }).RedisKey("k") })
-			require.Empty(t, key, "a nil limiter has no Redis key")
+			require.Panics(t, func() { _ = l.TryAcquire(ctx, "k") }, "a method of a nil *%s", tc.name)
 		})
 	}
 	t.Run("nil Limiter", func(t *testing.T) {
@@ -108,11 +101,10 @@ func TestNilLimiters(t *testing.T) {
 			require.Contains(t, err.Error(), "nil Limiter")
 		}
 	})
-	t.Run("ignored constructor error", func(t *testing.T) {
+	t.Run("constructor error", func(t *testing.T) {
 		l, err := NewTokenBucket(redis.NewClient(&redis.Options{}), 0, PerSecond(1))
-		require.Error(t, err)
-		require.NotPanics(t, func() { err = l.TryAcquire(ctx, "k") })
 		require.ErrorIs(t, err, ErrInvalidConfig)
+		require.Nil(t, l, "no limiter with an error")
 	})
 }
 
@@ -219,4 +211,32 @@ func TestClientOptionsFailFast(t *testing.T) {
 		require.ErrorIs(t, err, syscall.ECONNREFUSED, "call %d", i)
 		require.Less(t, took, 100*time.Millisecond, "call %d: a killed Redis refuses at once: one dial, no retries", i)
 	}
+}
+
+// Every limiter reports the limits it enforces, so that middlewares and
+// Wait can name a window without being told it.
+func TestStrategies(t *testing.T) {
+	t.Parallel()
+	rdb := deadRedis(t, "", 0) // never dialled
+	must := func(l interface{ Strategies() []Strategy }, err error) []Strategy {
+		t.Helper()
+		require.NoError(t, err)
+		return l.Strategies()
+	}
+	cases := []struct {
+		name string
+		got  []Strategy
+		want []Strategy
+	}{
+		{"fixed_window", must(NewFixedWindow(rdb, 10, time.Minute)), []Strategy{{10, time.Minute}}},
+		{"sliding_window", must(NewSlidingWindow(rdb, 10, time.Minute, time.Second)), []Strategy{{10, time.Minute}}},
+		{"sliding_log", must(NewSlidingLog(rdb, time.Second, []Strategy{{1000, time.Hour}, {10, time.Second}})),
+			[]Strategy{{10, time.Second}, {1000, time.Hour}}},
+		{"leaky_bucket", must(NewLeakyBucket(rdb, 10, PerSecond(5))), []Strategy{{10, 2 * time.Second}}},
+		{"token_bucket: capacity / rate, rounded up", must(NewTokenBucket(rdb, 10, PerSecond(3))), []Strategy{{10, 3333334 * time.Microsecond}}},
+	}
+	for _, c := range cases {
+		require.Equal(t, c.want, c.got, c.name)
+	}
+	require.Nil(t, (&TokenBucket{}).Strategies(), "a limiter no constructor made reports none")
 }

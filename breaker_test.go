@@ -34,12 +34,12 @@ func newBreakerHarness(t *testing.T, cfg BreakerConfig) *breakerHarness {
 		defer h.mu.Unlock()
 		return h.now
 	}
-	cfg.OnChange = func(c BreakerChange) {
+	cfg.OnChange = func(from, to BreakerState, err error) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		h.changes = append(h.changes, c.From.String()+">"+c.To.String())
-		if c.Err != nil {
-			h.lastErr = c.Err
+		h.changes = append(h.changes, from.String()+">"+to.String())
+		if err != nil {
+			h.lastErr = err
 		}
 	}
 	b, err := NewBreaker(cfg)
@@ -320,15 +320,15 @@ func TestBreakerOptions(t *testing.T) {
 	// Without a breaker every call goes to the dead address.
 	l, err := NewFixedWindow(rdb, 1, time.Second, WithoutBreaker())
 	require.NoError(t, err)
-	for i := range DefaultBreakerFailures + 3 {
+	for i := range defaultBreakerFailures + 3 {
 		_, err := l.Allow(context.Background(), "k")
 		require.Error(t, err)
 		require.NotErrorIs(t, err, ErrUnavailable, fmt.Sprint("call ", i))
 	}
-	// The default breaker opens after DefaultBreakerFailures.
+	// The default breaker opens after defaultBreakerFailures.
 	l, err = NewFixedWindow(rdb, 1, time.Second)
 	require.NoError(t, err)
-	for range DefaultBreakerFailures {
+	for range defaultBreakerFailures {
 		_, err := l.Allow(context.Background(), "k")
 		require.NotErrorIs(t, err, ErrUnavailable)
 	}
@@ -377,7 +377,7 @@ func TestBreakerOneProbe(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	h.waitState(t, BreakerOpen, 5*time.Second, "the probe failed: open again")
+	h.waitState(t, BreakerOpen, 30*time.Second, "the probe failed: open again")
 	require.Equal(t, 1, sent.scripts(), "exactly one probe reached Redis")
 	require.EqualValues(t, 1, slow.Load(), "the probe's caller waited for its deadline")
 	require.EqualValues(t, 159, fast.Load())

@@ -1,7 +1,6 @@
 package redlimit
 
 import (
-	"context"
 	"sync/atomic"
 	"time"
 
@@ -132,61 +131,4 @@ func (l *CalendarWindow) Period() Period {
 		return Period{}
 	}
 	return l.period
-}
-
-// core returns the shared limiter, or one that refuses every call when l
-// is nil.
-func (l *CalendarWindow) core() *limiter {
-	if l == nil {
-		return &limiter{nilType: "CalendarWindow", nilConstructor: "NewCalendarWindow"}
-	}
-	return &l.limiter
-}
-
-// TryAcquire takes one permit for key: nil when allowed, a
-// *ViolationStrategyError when denied (it matches ErrAcquireFailed), any
-// other error when no decision was made. See Limiter.
-func (l *CalendarWindow) TryAcquire(ctx context.Context, key string) error {
-	return l.core().TryAcquire(ctx, key)
-}
-
-// Allow is AllowN(ctx, key, 1).
-func (l *CalendarWindow) Allow(ctx context.Context, key string) (Result, error) {
-	return l.core().AllowN(ctx, key, 1)
-}
-
-// AllowN takes n permits for key if all n are available in the key's
-// period, else none; err is non-nil only when no decision was made. n == 0
-// reports the current state; n above the limit is denied with RetryAfter
-// == Never. A granted Result's Grant refunds into the period that counted
-// it, while it is still the key's. See Limiter.
-func (l *CalendarWindow) AllowN(ctx context.Context, key string, n int) (Result, error) {
-	return l.core().AllowN(ctx, key, n)
-}
-
-// Reset forgets all state of key, in Redis and in the deny cache.
-func (l *CalendarWindow) Reset(ctx context.Context, key string) error {
-	return l.core().Reset(ctx, key)
-}
-
-// Close returns every permit the limiter's reservations hold
-// (WithReservation) at once, in one round trip per Redis client (per 256
-// keys), and stops reserving: later calls are decided one by one, as
-// without the option, and Grants handed out before refund to Redis. Call
-// it when the process stops taking requests (a deploy), so that other
-// processes get the permits back now rather than after the hold. It
-// returns the refunds' errors, if any (those permits then stay used until
-// Redis no longer counts them). Without WithReservation it has nothing to
-// return and returns nil. Safe to call more than once.
-func (l *CalendarWindow) Close(ctx context.Context) error {
-	return l.core().closeReservations(ctx)
-}
-
-// RedisKey returns the Redis key that holds key's state: the limiter's
-// prefix followed by key ("" for a nil limiter).
-func (l *CalendarWindow) RedisKey(key string) string {
-	if l == nil {
-		return ""
-	}
-	return l.limiter.RedisKey(key)
 }

@@ -513,16 +513,16 @@ func TestCalendarWindowDefaultKeyAndTTL(t *testing.T) {
 		require.NoError(t, err)
 		_, err = l.Allow(ctx, "k")
 		require.NoError(t, err)
-		assert.Equal(t, 22*hour, b.rdb.PTTL(ctx, l.RedisKey("k")).Val(), "to the end of the 23-hour day")
+		assert.Equal(t, 22*hour, b.rdb.PTTL(ctx, l.redisKey("k")).Val(), "to the end of the 23-hour day")
 		clock.now = clock.now.Add(time.Hour + 1500*us)
 		_, err = l.Allow(ctx, "k")
 		require.NoError(t, err)
-		assert.Equal(t, 22*hour, b.rdb.PTTL(ctx, l.RedisKey("k")).Val(), "a grant in the same period keeps the TTL")
+		assert.Equal(t, 22*hour, b.rdb.PTTL(ctx, l.redisKey("k")).Val(), "a grant in the same period keeps the TTL")
 		clock.now = time.Date(2026, 3, 9, 0, 0, 0, 0, ny).Add(-1500 * us)
 		r, err := l.AllowN(ctx, "k2", 3)
 		require.NoError(t, err)
 		require.Equal(t, 1500*us, r.ResetAfter)
-		assert.Equal(t, 2*ms, b.rdb.PTTL(ctx, l.RedisKey("k2")).Val(), "rounded up to the millisecond")
+		assert.Equal(t, 2*ms, b.rdb.PTTL(ctx, l.redisKey("k2")).Val(), "rounded up to the millisecond")
 	})
 }
 
@@ -590,7 +590,7 @@ func TestCalendarWindowServerClock(t *testing.T) {
 		assert.True(t, r.Allowed)
 		assert.Equal(t, 0, r.Remaining, "n == 0: nothing known to be left")
 	}
-	assert.False(t, m.Exists(l.RedisKey("off")), "denials wrote nothing")
+	assert.False(t, m.Exists(l.redisKey("off")), "denials wrote nothing")
 }
 
 // A calendar window is a part of AllowAll like any limiter: granted with

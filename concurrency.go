@@ -97,15 +97,6 @@ func NewConcurrency(rdb redis.Scripter, limit int, lease time.Duration, opts ...
 	return c, nil
 }
 
-// core returns the shared limiter, or one that refuses every call when c
-// is nil.
-func (c *Concurrency) core() *limiter {
-	if c == nil {
-		return &limiter{nilType: "Concurrency", nilConstructor: "NewConcurrency"}
-	}
-	return &c.limiter
-}
-
 // Acquire takes one lease on key. It returns the lease when allowed, a
 // *ViolationStrategyError when the key already has limit live leases (it
 // matches ErrAcquireFailed; its RetryAfter is the time until the earliest
@@ -114,7 +105,7 @@ func (c *Concurrency) core() *limiter {
 // Release the lease when done, whatever happened (defer it); a lease never
 // released lapses after the lease period.
 func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
-	l := c.core()
+	l := &c.limiter
 	if err := l.built(); err != nil {
 		return nil, err
 	}
@@ -145,7 +136,7 @@ func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
 // lease the fallback granted is extended there). The zero Grant, or one of
 // another limiter, is ErrInvalidArgument.
 func (c *Concurrency) ExtendGrant(ctx context.Context, g Grant) (Result, error) {
-	l := c.core()
+	l := &c.limiter
 	if err := l.built(); err != nil {
 		return Result{}, err
 	}
@@ -173,43 +164,6 @@ func (c *Concurrency) fallbackContext(ctx context.Context) context.Context {
 		return ctx
 	}
 	return engine.WithLimiterNow(ctx, c.clock())
-}
-
-// TryAcquire takes one lease on key and lets it lapse after the lease
-// period: there is nothing to release it by. Use Acquire for a lease to
-// release. nil when allowed, a *ViolationStrategyError when denied (it
-// matches ErrAcquireFailed), any other error when no decision was made.
-func (c *Concurrency) TryAcquire(ctx context.Context, key string) error {
-	return c.core().TryAcquire(ctx, key)
-}
-
-// Allow is AllowN(ctx, key, 1).
-func (c *Concurrency) Allow(ctx context.Context, key string) (Result, error) {
-	return c.core().AllowN(ctx, key, 1)
-}
-
-// AllowN takes n leases on key if n more can be live, else none; err is
-// non-nil only when no decision was made. The leases lapse together after
-// the lease period; Result.Grant releases them (Grant.Refund) or extends
-// them (ExtendGrant). n == 0 reports the current state; n above the limit
-// is denied with RetryAfter == Never.
-func (c *Concurrency) AllowN(ctx context.Context, key string, n int) (Result, error) {
-	return c.core().AllowN(ctx, key, n)
-}
-
-// Reset forgets every lease of key, in Redis and in the deny cache: their
-// holders' places are free at once.
-func (c *Concurrency) Reset(ctx context.Context, key string) error {
-	return c.core().Reset(ctx, key)
-}
-
-// RedisKey returns the Redis key that holds key's leases: the limiter's
-// prefix followed by key ("" for a nil limiter).
-func (c *Concurrency) RedisKey(key string) string {
-	if c == nil {
-		return ""
-	}
-	return c.limiter.RedisKey(key)
 }
 
 // Lease is one place on a key of a Concurrency, from Acquire. It is safe

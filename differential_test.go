@@ -169,7 +169,7 @@ func TestLeakyAndTokenBucketAgree(t *testing.T) {
 			keepTTL(b.rdb, time.Hour)
 		}
 		rng := rand.New(rand.NewPCG(7+testseed.Offset(t), 7))
-		for c := range 5 {
+		for c := range shortOr(2, 5) {
 			capacity := 1 + rng.IntN(10)
 			rate := Rate{Count: 1 + rng.IntN(9), Per: time.Duration(1+rng.IntN(5000)) * ms}
 			clock := newClock()

@@ -19,7 +19,12 @@ func newRedis() (*redis.Client, func()) {
 	if err != nil {
 		panic(err)
 	}
-	rdb := redis.NewClient(redlimit.ClientOptions(m.Addr()))
+	o := redlimit.ClientOptions(m.Addr())
+	// The recommended client fails fast against a Redis that does not
+	// answer; an example run on a machine busy with other work waits
+	// rather than print an error.
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = time.Minute, time.Minute, time.Minute, time.Minute
+	rdb := redis.NewClient(o)
 	return rdb, func() { rdb.Close(); m.Close() }
 }
 
@@ -124,7 +129,7 @@ func ExampleWait() {
 	if err != nil {
 		panic(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for i := 1; i <= 3; i++ {
 		if err := redlimit.Wait(ctx, limiter, "jobs"); err != nil {

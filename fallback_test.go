@@ -166,7 +166,8 @@ func TestFallbackNotForCallersOwn(t *testing.T) {
 	fb, err := inmem.NewFixedWindow(5, time.Minute)
 	require.NoError(t, err)
 	var seen decisions
-	l, err := redlimit.NewFixedWindow(env.Client(), 100, time.Minute, env.Options(redlimit.WithFallback(fb), redlimit.WithObserver(seen.observe))...)
+	l, err := redlimit.NewFixedWindow(env.Client(), 100, time.Minute,
+		env.Options(redlimit.WithPrefix("own:"), redlimit.WithFallback(fb), redlimit.WithObserver(seen.observe))...)
 	require.NoError(t, err)
 	ctx := context.Background()
 
@@ -180,7 +181,7 @@ func TestFallbackNotForCallersOwn(t *testing.T) {
 	defer cancel()
 	_, err = l.Allow(expired, "client")
 	require.ErrorIs(t, err, context.DeadlineExceeded)
-	require.NoError(t, env.Server().Set(l.RedisKey("foreign"), "another app's value"))
+	require.NoError(t, env.Server().Set("own:foreign", "another app's value"))
 	_, err = l.Allow(ctx, "foreign")
 	require.ErrorIs(t, err, redlimit.ErrForeignState)
 

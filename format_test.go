@@ -97,7 +97,7 @@ func TestStateFormat2StillRead(t *testing.T) {
 				clock := &fakeClock{now: epoch}
 				l, err := tc.make(b.rdb, WithPrefix("fmt:"), WithClock(clock.Now))
 				require.NoError(t, err)
-				require.Equal(t, "fmt:k", l.(interface{ RedisKey(string) string }).RedisKey("k"))
+				require.Equal(t, "fmt:k", redisKey(l, "k"))
 				require.NoError(t, b.rdb.Set(ctx, "fmt:k", tc.value, tc.ttl).Err())
 				require.Equal(t, now, clock.now.UnixMicro())
 

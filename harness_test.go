@@ -162,8 +162,12 @@ func newLimiters(t testing.TB, rdb redis.Scripter, limit int, period time.Durati
 
 // keyPrefix returns l's Redis key prefix: WithPrefix's, or the default
 // redlimit:<code>:<config>:.
-func keyPrefix(l Limiter) string {
-	return l.(interface{ RedisKey(string) string }).RedisKey("")
+func keyPrefix(l Limiter) string { return redisKey(l, "") }
+
+// redisKey returns the Redis key that holds key's state in l, one of this
+// package's limiters.
+func redisKey(l Limiter, key string) string {
+	return l.(interface{ redisKey(string) string }).redisKey(key)
 }
 
 // backend is a Redis server a script test runs on.
@@ -203,9 +207,16 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
 	})
 }
 
+// slowMachine is the client timeout of the script tests' clients: go-redis's
+// defaults (3s reads, 5s dials) are what a machine running other work next
+// to the tests can miss, and a script test is about Results, not timeouts
+// (the fault and outage tests build clients of their own).
+const slowMachine = time.Minute
+
 // newClient returns a client of database db at addr, closed when t ends.
 func newClient(t testing.TB, addr string, db int) *redis.Client {
-	rdb := redis.NewClient(&redis.Options{Addr: addr, DB: db})
+	rdb := redis.NewClient(&redis.Options{Addr: addr, DB: db,
+		DialTimeout: slowMachine, ReadTimeout: slowMachine, WriteTimeout: slowMachine, PoolTimeout: slowMachine})
 	t.Cleanup(func() { rdb.Close() })
 	return rdb
 }
@@ -216,9 +227,10 @@ func newClient(t testing.TB, addr string, db int) *redis.Client {
 // the miniredis tests a fifth of their CPU. It never retries a command.
 func newMiniClient(t testing.TB, m *miniredis.Miniredis) *redis.Client {
 	rdb := redis.NewClient(&redis.Options{
-		Addr:       m.Addr(),
-		Dialer:     func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
-		MaxRetries: -1,
+		Addr:        m.Addr(),
+		Dialer:      func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
+		MaxRetries:  -1,
+		ReadTimeout: slowMachine, WriteTimeout: slowMachine, PoolTimeout: slowMachine,
 	})
 	t.Cleanup(func() { rdb.Close() })
 	return rdb

@@ -77,8 +77,8 @@ func TestDefaultKeysIsolateConfigs(t *testing.T) {
 					if !withLoose {
 						key = "198.51.100.9" // a client of its own
 					}
-					require.NotEqual(t, strict.(interface{ RedisKey(string) string }).RedisKey(key),
-						loose.(interface{ RedisKey(string) string }).RedisKey(key), "two configurations, two keys")
+					require.NotEqual(t, redisKey(strict, key),
+						redisKey(loose, key), "two configurations, two keys")
 					granted := 0
 					for range shortOr(100, 300) { // a request every 200ms: one fake minute (20s under -short)
 						if withLoose {
@@ -140,7 +140,7 @@ func TestDefaultKeyFingerprint(t *testing.T) {
 	for code, p := range golden {
 		assert.Equal(t, goldenPrefixes[code], p, "the %s fingerprint moved: every deployed key would start afresh", code)
 	}
-	assert.Equal(t, "app:k", must(NewFixedWindow(rdb, 1, time.Second, WithPrefix("app:"))).RedisKey("k"), "WithPrefix is taken as it is")
+	assert.Equal(t, "app:k", must(NewFixedWindow(rdb, 1, time.Second, WithPrefix("app:"))).redisKey("k"), "WithPrefix is taken as it is")
 }
 
 // goldenPrefixes are the default prefixes of TestDefaultKeyFingerprint's

@@ -1,10 +1,6 @@
 package redlimit
 
-import (
-	"time"
-
-	"github.com/redis/go-redis/v9"
-)
+import "github.com/redis/go-redis/v9"
 
 var leakyBucketScript = loadScript("leakybucket.lua", "gcra.lua")
 
@@ -30,23 +26,12 @@ type LeakyBucket struct {
 // values are ErrInvalidConfig. Keys are redlimit:lb:<config>:<key>
 // unless WithPrefix says otherwise.
 func NewLeakyBucket(rdb redis.Scripter, capacity int, leak Rate, opts ...Option) (*LeakyBucket, error) {
-	args, full, err := bucketArgs("leaky_bucket", "leak", capacity, leak)
-	if err != nil {
-		return nil, err
-	}
-	l, err := newLimiter(rdb, spec{
+	l, err := buildBucket(rdb, spec{
 		algorithm: "leaky_bucket",
 		code:      "lb",
 		format:    3,
 		script:    leakyBucketScript,
-		args:      args,
-		// With a WithPrefix prefix the rate and capacity are stored, so
-		// that configurations sharing a key read each other's level at the
-		// rate that wrote it (see scripts/gcra.lua).
-		sharedArgs: []any{1},
-		limits:     []int{capacity},
-		windows:    []time.Duration{full},
-	}, opts)
+	}, "leak", capacity, leak, opts)
 	if err != nil {
 		return nil, err
 	}

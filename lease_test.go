@@ -392,7 +392,7 @@ func TestConcurrencyLapsedLeasesCostNothing(t *testing.T) {
 
 	// The state of docs/internals.md, written by hand: no sequence of
 	// calls leaves this many lapsed leases.
-	key, past := c.RedisKey("lapsed"), epoch.Add(-time.Minute).UnixMicro()
+	key, past := c.redisKey("lapsed"), epoch.Add(-time.Minute).UnixMicro()
 	pipe := rdb.Pipeline()
 	pipe.ZAdd(ctx, key, redis.Z{Score: 0, Member: fmt.Sprintf("#%d:%d", past-time.Minute.Microseconds(), lapsed)})
 	for id := 1; id <= lapsed; id += 1000 {

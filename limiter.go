@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
-	"reflect"
 	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlimit/redlimit/internal/engine"
+	"github.com/redlimit/redlimit/internal/nilcheck"
+	"github.com/redlimit/redlimit/internal/shadow"
 )
 
 // Limiter is implemented by every limiter in this package. All are safe for
@@ -101,9 +102,10 @@ var (
 	ErrAcquireFailed = engine.ErrAcquireFailed
 	// ErrInvalidConfig is matched by constructor errors: a bad limit, window,
 	// precision, rate or option. The message names the field and the value.
-	// A limiter not made by its constructor (a zero value, or a nil
-	// *TokenBucket, ... whose constructor's error was ignored) returns it
-	// from every method, and so do Wait and WaitN given a nil Limiter.
+	// A zero-value limiter (a TokenBucket, ... declared rather than made by
+	// its constructor) returns it from every method, and so do Wait and
+	// WaitN given a nil Limiter. A nil *TokenBucket, ... (a constructor's
+	// error ignored) panics on its methods, as a nil *rate.Limiter does.
 	ErrInvalidConfig = engine.ErrInvalidConfig
 	// ErrInvalidArgument is matched by call errors: an empty key or one
 	// longer than MaxKeyBytes, n < 0, a nil ctx, or a WithClock clock
@@ -203,8 +205,7 @@ type options struct {
 // Without it the prefix is redlimit:<algorithm>:<config>:, where algorithm
 // is fw, sw, sl, lb, tb, cc (Concurrency) or cw (CalendarWindow) and
 // config is a 6-character fingerprint of the configuration, so that two
-// limiters that decide differently never meet on a key (each limiter's
-// RedisKey method tells the key of a call).
+// limiters that decide differently never meet on a key (docs/keys.md).
 func WithPrefix(prefix string) Option {
 	return func(o *options) { o.prefix, o.prefixSet = prefix, true }
 }
@@ -285,7 +286,9 @@ type Decision struct {
 	// fallback (ErrUnavailable's while the circuit breaker is open); nil
 	// otherwise.
 	Cause error
-	// Shadow reports a call under ShadowContext: decided and counted, never enforced.
+	// Shadow reports a call of a middleware in shadow mode
+	// (httplimit.WithShadow, grpclimit.WithShadow): decided and counted,
+	// never enforced.
 	Shadow bool
 	// Refund reports a Grant's refund rather than a decision: N is the
 	// refund's n (the permits to have given back in all), Result the key's
@@ -296,7 +299,11 @@ type Decision struct {
 }
 
 // limiter is the part every algorithm shares: it turns engine replies into
-// Results. Algorithms embed it and add only validation and their ARGV.
+// Results. Algorithms embed it and add only validation and their ARGV; its
+// methods are theirs. A limiter that no constructor made (a zero
+// FixedWindow, TokenBucket, ...) returns ErrInvalidConfig from every
+// method. A nil *FixedWindow, *TokenBucket, ... is a programming error, as
+// a nil *rate.Limiter is in golang.org/x/time/rate: its methods panic.
 type limiter struct {
 	engine *engine.Engine
 	// limits and windows hold the Limit and Window of each strategy, by the
@@ -307,9 +314,6 @@ type limiter struct {
 	fallback Limiter
 	// prefix is the Redis key prefix: WithPrefix's, or the default.
 	prefix string
-	// nilType and nilConstructor name the type and its constructor when
-	// this stands for a nil *FixedWindow, *TokenBucket, ... (methods.go).
-	nilType, nilConstructor string
 	// reserve is WithReservation's, or nil (reservation.go).
 	reserve *reserver
 	// capacity is the most permits one request can ever get.
@@ -376,7 +380,7 @@ func base32(sum uint64, n int) string {
 }
 
 func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
-	if rdb == nil || isNilPointer(rdb) {
+	if nilcheck.IsNil(rdb) {
 		return limiter{}, engine.Errorf(ErrInvalidConfig, "redlimit: %s: Redis client is nil", s.algorithm)
 	}
 	var o options
@@ -430,7 +434,7 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 	}
 	if fn := o.observer; fn != nil {
 		cfg.Observe = func(ev engine.Event) {
-			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.FromFallback, Cause: ev.Reply.Cause, Shadow: IsShadow(ev.Ctx), Refund: ev.Refund, Limiter: o.name}
+			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.FromFallback, Cause: ev.Reply.Cause, Shadow: shadow.Is(ev.Ctx), Refund: ev.Refund, Limiter: o.name}
 			if ev.Err == nil {
 				d.Result = l.result(ev.Reply, ev.Key, ev.N)
 			}
@@ -444,18 +448,6 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 		l.reserve.l = &core
 	}
 	return l, nil
-}
-
-// isNilPointer reports a typed nil in an interface, such as a nil
-// *redis.Client passed as a redis.Scripter: not == nil, yet it panics on
-// first use.
-func isNilPointer(v any) bool {
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Func, reflect.Slice, reflect.Chan:
-		return rv.IsNil()
-	}
-	return false
 }
 
 // result is the Result of a reply to n permits on key: the fallback's own,
@@ -535,7 +527,7 @@ func (l *limiter) tell(ctx context.Context, key string, n int, res Result, err e
 		return
 	}
 	l.observer(Decision{Algorithm: l.algorithm, Key: key, N: n, Result: res, Err: err, Latency: time.Since(start), Local: local,
-		Fallback: r.FromFallback, Cause: r.Cause, Shadow: ctx != nil && IsShadow(ctx), Limiter: l.name})
+		Fallback: r.FromFallback, Cause: r.Cause, Shadow: ctx != nil && shadow.Is(ctx), Limiter: l.name})
 }
 
 // tellLocal tells the observer of a call answered from held permits.
@@ -549,15 +541,12 @@ func (l *limiter) tellRefund(ctx context.Context, key string, n int, res Result)
 	if l.observer == nil {
 		return
 	}
-	l.observer(Decision{Algorithm: l.algorithm, Key: key, N: n, Result: res, Local: true, Refund: true, Shadow: IsShadow(ctx), Limiter: l.name})
+	l.observer(Decision{Algorithm: l.algorithm, Key: key, N: n, Result: res, Local: true, Refund: true, Shadow: shadow.Is(ctx), Limiter: l.name})
 }
 
 // built returns an error for a limiter that no constructor made: a zero
 // FixedWindow, TokenBucket, ... has no Redis client to ask.
 func (l *limiter) built() error {
-	if l.nilType != "" {
-		return engine.Errorf(ErrInvalidConfig, "redlimit: nil *%s: make it with %s and check the error it returns", l.nilType, l.nilConstructor)
-	}
 	if l.engine == nil {
 		return engine.Errorf(ErrInvalidConfig, "redlimit: limiter is a zero value: make it with its constructor (NewFixedWindow, NewSlidingWindow, NewSlidingLog, NewLeakyBucket, NewTokenBucket, NewConcurrency or NewCalendarWindow)")
 	}
@@ -575,10 +564,28 @@ func (l *limiter) windowOf(limit int) time.Duration {
 	return 0
 }
 
-// RedisKey returns the Redis key that holds key's state: the limiter's
+// redisKey returns the Redis key that holds key's state: the limiter's
 // prefix (WithPrefix's, or the default redlimit:<algorithm>:<config>:)
-// followed by key.
-func (l *limiter) RedisKey(key string) string { return l.prefix + key }
+// followed by key. The tests read state through it.
+func (l *limiter) redisKey(key string) string { return l.prefix + key }
+
+// Strategies returns the limits the limiter enforces, by window ascending:
+// one for every algorithm but SlidingLog, whose strategies they are. A
+// bucket's Window is the time it takes to drain or refill completely
+// (capacity / rate, rounded up to the microsecond), its Limit the
+// capacity. Package httplimit reads it for the w of RateLimit-Policy, and
+// Wait for the Window of its denials. nil for a limiter that no
+// constructor made.
+func (l *limiter) Strategies() []Strategy {
+	out := make([]Strategy, len(l.limits))
+	for i, limit := range l.limits {
+		out[i] = Strategy{Limit: limit, Window: l.windows[i]}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
 
 // Allow is AllowN(ctx, key, 1).
 func (l *limiter) Allow(ctx context.Context, key string) (Result, error) {
@@ -619,8 +626,16 @@ func (l *limiter) Reset(ctx context.Context, key string) error {
 	return l.engine.Reset(ctx, key)
 }
 
-// closeReservations is the limiters' Close (methods.go).
-func (l *limiter) closeReservations(ctx context.Context) error {
+// Close returns every permit the limiter's reservations hold
+// (WithReservation) at once, in one round trip per Redis client (per 256
+// keys), and stops reserving: later calls are decided one by one, as
+// without the option, and Grants handed out before refund to Redis. Call
+// it when the process stops taking requests (a deploy), so that other
+// processes get the permits back now rather than after the hold. It
+// returns the refunds' errors, if any (those permits then stay used until
+// Redis no longer counts them). Without WithReservation it has nothing to
+// return and returns nil. Safe to call more than once.
+func (l *limiter) Close(ctx context.Context) error {
 	if err := l.built(); err != nil {
 		return err
 	}

@@ -165,3 +165,49 @@ func TestRefundConcurrentExact(t *testing.T) {
 		})
 	}
 }
+
+// Forty grants refunded in a shuffled order, between grants that stay:
+// every refund is made, and the key ends at grants minus refunds. Ranges
+// of given-back positions merge as the gaps between them fill, so no
+// refund waits behind sixteen others.
+func TestRefundManyOutOfOrder(t *testing.T) {
+	for _, alg := range refundAlgorithms() {
+		t.Run(alg.name, func(t *testing.T) {
+			t.Parallel()
+			forEachBackend(t, func(t *testing.T, b backend) {
+				ctx := context.Background()
+				clock := newClock()
+				var l Limiter
+				var err error
+				if alg.name == "calendar_window" {
+					l, err = NewCalendarWindow(b.rdb, 1000, Monthly(time.UTC, 1), WithClock(clock.Now))
+				} else {
+					for _, a := range algorithms {
+						if a.name == alg.name {
+							l, err = a.new(b.rdb, 1000, forever, WithClock(clock.Now))
+						}
+					}
+				}
+				require.NoError(t, err)
+				var grants []Grant
+				for i := range 50 {
+					r, err := l.AllowN(ctx, "k", 1+i%3)
+					require.NoError(t, err)
+					require.True(t, r.Allowed)
+					if i%5 != 4 { // every fifth grant stays
+						grants = append(grants, r.Grant)
+					}
+				}
+				before := remaining(t, l, "k")
+				rng := rand.New(rand.NewPCG(7+testseed.Offset(t), 35))
+				rng.Shuffle(len(grants), func(i, j int) { grants[i], grants[j] = grants[j], grants[i] })
+				want := before
+				for _, g := range grants {
+					require.NoError(t, g.Refund(ctx, g.N()))
+					want += g.N()
+				}
+				require.Equal(t, want, remaining(t, l, "k"), "every one of %d refunds gave back", len(grants))
+			})
+		})
+	}
+}

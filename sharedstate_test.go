@@ -98,7 +98,7 @@ func TestTwinKeysAnswerAlike(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
 				ctx := context.Background()
 				b.keepKeys()
-				for trace := range 4 {
+				for trace := range shortOr(1, 4) {
 					rng := rand.New(rand.NewPCG(uint64(trace)+offset, uint64(ai)))
 					clock := newClock()
 					prefix := fmt.Sprintf("twin:%s:%d:", alg, trace)
@@ -161,7 +161,7 @@ func TestClockBackTracesMatchModel(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		b.keepKeys()
-		for c := range 3 {
+		for c := range shortOr(1, 3) {
 			seed := uint64(7000+c) + offset
 			rng := rand.New(rand.NewPCG(seed, 0))
 			for _, dc := range randomDiffCases(rng) {
@@ -287,10 +287,7 @@ func TestTwinKeysClockBack(t *testing.T) {
 	t.Parallel()
 	offset := testseed.Offset(t)
 	algorithms := []string{"sliding_window", "sliding_log", "fixed_window", "leaky_bucket", "token_bucket"}
-	traces := 100
-	if testing.Short() {
-		traces = 25
-	}
+	traces := shortOr(10, 100)
 	forEachBackend(t, func(t *testing.T, be backend) {
 		ctx := context.Background()
 		be.keepKeys()

@@ -37,7 +37,7 @@ func TestSlidingKeysStayCompact(t *testing.T) {
 				}
 				l, err := newLimiter(opts...)
 				require.NoError(t, err)
-				key := l.(interface{ RedisKey(string) string }).RedisKey("k")
+				key := redisKey(l, "k")
 				r, err := l.AllowN(ctx, "k", 1)
 				require.NoError(t, err)
 				require.True(t, r.Allowed)

@@ -92,7 +92,7 @@ func TestSlidingRefundReply(t *testing.T) {
 		now := fmt.Sprint(clock.now.UnixMicro())
 		args := []any{"w", time.Second.Microseconds(), 5, 10}
 		refund := func(key, k string) string {
-			v, err := slidingScript.Run(ctx, be.rdb, []string{l.RedisKey(key)}, append([]any{now, k}, args...)...).Result()
+			v, err := slidingScript.Run(ctx, be.rdb, []string{l.redisKey(key)}, append([]any{now, k}, args...)...).Result()
 			require.NoError(t, err)
 			return v.(string)
 		}
@@ -106,7 +106,7 @@ func TestSlidingRefundReply(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, "1 4 0 10000000 0 -1 0", refund("other", "-3:"+token), "another key's grant")
 		require.Equal(t, "1 5 0 0 0 -1 0", refund("none", "-3:"+token), "a missing key")
-		require.Zero(t, be.rdb.Exists(ctx, l.RedisKey("none")).Val(), "a refund creates no key")
+		require.Zero(t, be.rdb.Exists(ctx, l.redisKey("none")).Val(), "a refund creates no key")
 	})
 }
 

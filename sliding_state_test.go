@@ -72,7 +72,7 @@ func TestSlidingFindingZeroCallKeepsOtherCounts(t *testing.T) {
 		require.Equal(t, 3, r.Remaining, "b's 2 grants are in a's window: %+v", r)
 		_, err = b.AllowN(ctx, "k", 0)
 		require.NoError(t, err)
-		require.Greater(t, be.rdb.PTTL(ctx, a.RedisKey("k")).Val(), 10*time.Second, "the key lives while a's window counts on it")
+		require.Greater(t, be.rdb.PTTL(ctx, a.redisKey("k")).Val(), 10*time.Second, "the key lives while a's window counts on it")
 		r, err = a.AllowN(ctx, "k", 0)
 		require.NoError(t, err)
 		require.Equal(t, 3, r.Remaining, "after b's n == 0 call, b's grants still count for a: %+v", r)

@@ -1,10 +1,6 @@
 package redlimit
 
-import (
-	"time"
-
-	"github.com/redis/go-redis/v9"
-)
+import "github.com/redis/go-redis/v9"
 
 var tokenBucketScript = loadScript("tokenbucket.lua", "gcra.lua")
 
@@ -30,23 +26,12 @@ type TokenBucket struct {
 // values are ErrInvalidConfig. Keys are redlimit:tb:<config>:<key>
 // unless WithPrefix says otherwise.
 func NewTokenBucket(rdb redis.Scripter, capacity int, refill Rate, opts ...Option) (*TokenBucket, error) {
-	args, full, err := bucketArgs("token_bucket", "refill", capacity, refill)
-	if err != nil {
-		return nil, err
-	}
-	l, err := newLimiter(rdb, spec{
+	l, err := buildBucket(rdb, spec{
 		algorithm: "token_bucket",
 		code:      "tb",
 		format:    3,
 		script:    tokenBucketScript,
-		args:      args,
-		// With a WithPrefix prefix the rate and capacity are stored, so
-		// that configurations sharing a key read each other's level at the
-		// rate that wrote it (see scripts/gcra.lua).
-		sharedArgs: []any{1},
-		limits:     []int{capacity},
-		windows:    []time.Duration{full},
-	}, opts)
+	}, "refill", capacity, refill, opts)
 	if err != nil {
 		return nil, err
 	}

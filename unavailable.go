@@ -8,22 +8,24 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlimit/redlimit/internal/engine"
+	"github.com/redlimit/redlimit/internal/nilcheck"
 )
 
 // ErrUnavailable is matched (errors.Is) by the error of a call that the
 // circuit breaker answered at once, without a round trip, because Redis
 // failed repeatedly just before. The error also wraps the Redis error that
 // opened the breaker (errors.Is(err, syscall.ECONNREFUSED) and friends
-// hold), and has a method RetryAfter() time.Duration: the time until the
-// breaker lets a call probe Redis again. A Redis failure that did not go
-// through an open breaker is returned as it is and does not match.
+// hold); RetryAfter(err) tells the time until the breaker lets a call
+// probe Redis again, and WaitN with WaitOutBreaker waits it out. A Redis
+// failure that did not go through an open breaker is returned as it is and
+// does not match.
 var ErrUnavailable = engine.ErrUnavailable
 
-// Default circuit breaker settings: see BreakerConfig.
+// The circuit breaker's defaults: see BreakerConfig.
 const (
-	DefaultBreakerFailures    = 5
-	DefaultBreakerCooldown    = time.Second
-	DefaultBreakerMinDeadline = engine.DefaultMinDeadline
+	defaultBreakerFailures    = 5
+	defaultBreakerCooldown    = time.Second
+	defaultBreakerMinDeadline = engine.DefaultMinDeadline
 )
 
 // BreakerConfig tunes a circuit breaker. The zero value gives the defaults.
@@ -65,10 +67,11 @@ type BreakerConfig struct {
 	Cooldown time.Duration
 	// OnChange, if not nil, is told of every state change, from the
 	// goroutine whose call caused it, while the breaker holds its lock:
-	// keep it quick and do not call the limiter from it. Changes happen
-	// during calls: an open breaker becomes half-open when a call after its
-	// cooldown probes, not when the cooldown ends.
-	OnChange func(BreakerChange)
+	// keep it quick and do not call the limiter from it. err is the Redis
+	// error that opened the breaker when to is BreakerOpen, nil otherwise.
+	// Changes happen during calls: an open breaker becomes half-open when
+	// a call after its cooldown probes, not when the cooldown ends.
+	OnChange func(from, to BreakerState, err error)
 	// MinDeadline is the shortest ctx deadline, counted from the start of
 	// the call, whose passing mid-call counts as a failure; a call cut short
 	// by a shorter deadline of its own says nothing about Redis and is not
@@ -105,19 +108,9 @@ const (
 // String names the state: "closed", "open" or "half-open".
 func (s BreakerState) String() string { return engine.BreakerState(s).String() }
 
-// BreakerChange is one state change of a circuit breaker.
-type BreakerChange struct {
-	From, To BreakerState
-	// Err is the Redis error that opened the breaker, when To is
-	// BreakerOpen; nil otherwise.
-	Err error
-	// At is when it changed, on BreakerConfig.Now.
-	At time.Time
-}
-
 // Breaker is a circuit breaker between limiters and Redis. Every limiter
 // on a *redis.Client (or any single-server Scripter) has its own by default
-// (DefaultBreakerFailures, DefaultBreakerCooldown). A limiter on a
+// (5 failures, a cooldown of 1s: see BreakerConfig). A limiter on a
 // *redis.ClusterClient or *redis.Ring has none unless WithBreaker gives it
 // one: its keys live on several servers, and one breaker would fail the
 // keys of the live ones with those of a dead one.
@@ -143,17 +136,17 @@ func NewBreaker(cfg BreakerConfig) (*Breaker, error) {
 	}
 	ec := engine.BreakerConfig{Failures: cfg.Failures, Cooldown: cfg.Cooldown, MinDeadline: cfg.MinDeadline, Now: cfg.Now}
 	if ec.MinDeadline == 0 {
-		ec.MinDeadline = DefaultBreakerMinDeadline
+		ec.MinDeadline = defaultBreakerMinDeadline
 	}
 	if ec.Failures == 0 {
-		ec.Failures = DefaultBreakerFailures
+		ec.Failures = defaultBreakerFailures
 	}
 	if ec.Cooldown == 0 {
-		ec.Cooldown = DefaultBreakerCooldown
+		ec.Cooldown = defaultBreakerCooldown
 	}
 	if fn := cfg.OnChange; fn != nil {
 		ec.OnChange = func(c engine.BreakerChange) {
-			fn(BreakerChange{From: BreakerState(c.From), To: BreakerState(c.To), Err: c.Err, At: c.At})
+			fn(BreakerState(c.From), BreakerState(c.To), c.Err)
 		}
 	}
 	return &Breaker{b: engine.NewBreaker(ec)}, nil
@@ -225,8 +218,8 @@ func WithFallback(fallback Limiter) Option {
 //     call for ReadTimeout. redlimit then ends the call at the deadline
 //     itself, which costs every call whose deadline is sooner than the
 //     client's own timeouts a goroutine, 3 allocations and two goroutine
-//     switches (about twice the median latency of a call on a busy
-//     machine); a call abandoned at its deadline holds its connection
+//     switches (BenchmarkCtxWatch measures what that adds to a call); a
+//     call abandoned at its deadline holds its connection
 //     until ReadTimeout. A ctx without a deadline costs nothing, and a
 //     cancellation then ends the call at the client's timeouts.
 //   - MaxRetries: -1, no retries. A retried EVALSHA whose first reply was
@@ -273,7 +266,7 @@ func (o outageOptions) configure(algorithm string, rdb redis.Scripter, cfg *engi
 	if o.breaker != nil && o.breaker.b == nil {
 		return engine.Errorf(ErrInvalidConfig, "redlimit: %s: WithBreaker: the Breaker is a zero value: make it with NewBreaker", algorithm)
 	}
-	if o.fallbackSet && (o.fallback == nil || isNilPointer(o.fallback)) {
+	if o.fallbackSet && nilcheck.IsNil(o.fallback) {
 		return engine.Errorf(ErrInvalidConfig, "redlimit: %s: WithFallback(nil)", algorithm)
 	}
 	multiNode := false

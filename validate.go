@@ -55,17 +55,3 @@ func (s spec) sliding(kind string, precisionUS int64, sizes []int64) spec {
 	}
 	return s
 }
-
-// bucketArgs checks a bucket's capacity and rate and returns the scripts'
-// ARGV: capacity, then the rate as the reduced fraction count/per µs, which
-// keeps it exact (PerSecond(3) is 3 per 1,000,000µs, not 1 per 333,333µs).
-// full is the time the bucket takes to drain or refill completely, rounded
-// up to the microsecond: the Window of its denials.
-func bucketArgs(algorithm, field string, capacity int, rate Rate) (args []any, full time.Duration, err error) {
-	count, perUS, err := engine.CheckBucket(ErrInvalidConfig, algorithm, field, capacity, rate.Count, rate.Per)
-	if err != nil {
-		return nil, 0, err
-	}
-	fullUS := (int64(capacity)*perUS + count - 1) / count
-	return []any{capacity, perUS, count}, time.Duration(fullUS) * time.Microsecond, nil
-}

@@ -334,6 +334,7 @@ func (e *environment) denyCacheIdentity() ([]denyCacheResult, error) {
 		}
 		r := denyCacheResult{Algorithm: rc.algorithm, Decisions: steps}
 		plainKey, cachedKey := "dc:plain:"+rc.algorithm+":"+e.run, "dc:cached:"+rc.algorithm+":"+e.run
+		var redisKeys []string // of plainKey and cachedKey, once they exist
 		for i := 0; i < steps; i++ {
 			want, err := plain.Allow(e.ctx, plainKey)
 			if err != nil {
@@ -357,7 +358,12 @@ func (e *environment) denyCacheIdentity() ([]denyCacheResult, error) {
 			// Real Redis counts TTLs in real time while the fake clock runs
 			// its own: keep both keys alive (with a TTL: a key without one
 			// is foreign to redlimit).
-			for _, k := range []string{redisKey(plain, plainKey), redisKey(cached, cachedKey)} {
+			if redisKeys == nil {
+				if redisKeys, err = e.redisKeys(plainKey, cachedKey); err != nil {
+					return nil, err
+				}
+			}
+			for _, k := range redisKeys {
 				if err := e.rdb.PExpire(e.ctx, k, time.Hour).Err(); err != nil {
 					return nil, err
 				}
@@ -374,7 +380,20 @@ func (e *environment) denyCacheIdentity() ([]denyCacheResult, error) {
 	return out, nil
 }
 
-// redisKey is the Redis key that holds key's state in l.
-func redisKey(l redlimit.Limiter, key string) string {
-	return l.(interface{ RedisKey(string) string }).RedisKey(key)
+// redisKeys returns the Redis keys that hold the state of keys under
+// default prefixes (redlimit:<algorithm>:<config>:<key>), each key unique
+// to this run: they are found once, by pattern.
+func (e *environment) redisKeys(keys ...string) ([]string, error) {
+	var out []string
+	for _, key := range keys {
+		found, err := e.rdb.Keys(e.ctx, "redlimit:*:"+key).Result()
+		if err != nil {
+			return nil, err
+		}
+		if len(found) != 1 {
+			return nil, fmt.Errorf("bench: %d Redis keys for %q, want 1", len(found), key)
+		}
+		out = append(out, found[0])
+	}
+	return out, nil
 }

@@ -67,11 +67,13 @@ func (e *environment) featureMemory() ([]memoryResult, []leaseMemoryResult, erro
 	if !selected("redlimit concurrency leases") {
 		return memories, nil, nil
 	}
-	c, err := redlimit.NewConcurrency(e.rdb, redlimit.MaxConcurrencyLimit, time.Hour)
+	// A prefix of its own: the key in Redis is exactly prefix + key.
+	const prefix = "leasemem:"
+	c, err := redlimit.NewConcurrency(e.rdb, redlimit.MaxConcurrencyLimit, time.Hour, redlimit.WithPrefix(prefix))
 	if err != nil {
 		return nil, nil, err
 	}
-	key := "leasemem:" + e.run
+	key := e.run
 	var leases []leaseMemoryResult
 	held := 0
 	for _, count := range leaseCounts {
@@ -83,10 +85,10 @@ func (e *environment) featureMemory() ([]memoryResult, []leaseMemoryResult, erro
 			return nil, nil, fmt.Errorf("lease memory: %d leases denied with %d held", count-held, held)
 		}
 		r := leaseMemoryResult{Leases: count}
-		if r.MemoryUsage, err = e.admin.MemoryUsage(e.ctx, c.RedisKey(key), 0).Result(); err != nil {
+		if r.MemoryUsage, err = e.admin.MemoryUsage(e.ctx, prefix+key, 0).Result(); err != nil {
 			return nil, nil, fmt.Errorf("lease memory: %w", err)
 		}
-		r.Encoding, _ = e.admin.ObjectEncoding(e.ctx, c.RedisKey(key)).Result()
+		r.Encoding, _ = e.admin.ObjectEncoding(e.ctx, prefix+key).Result()
 		if len(leases) > 0 {
 			last := leases[len(leases)-1]
 			r.PerLease = float64(r.MemoryUsage-last.MemoryUsage) / float64(count-last.Leases)
@@ -95,7 +97,7 @@ func (e *environment) featureMemory() ([]memoryResult, []leaseMemoryResult, erro
 		leases = append(leases, r)
 		held = count
 	}
-	e.admin.Unlink(e.ctx, c.RedisKey(key))
+	e.admin.Unlink(e.ctx, prefix+key)
 	return memories, leases, nil
 }
 

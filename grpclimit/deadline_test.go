@@ -62,10 +62,10 @@ func TestClientDeadlinesCannotOpenTheBreaker(t *testing.T) {
 				client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1})
 				t.Cleanup(func() { client.Close() })
 				var opened atomic.Int32
-				breaker, err := redlimit.NewBreaker(redlimit.BreakerConfig{OnChange: func(c redlimit.BreakerChange) {
-					if c.To == redlimit.BreakerOpen {
+				breaker, err := redlimit.NewBreaker(redlimit.BreakerConfig{OnChange: func(_, to redlimit.BreakerState, err error) {
+					if to == redlimit.BreakerOpen {
 						opened.Add(1)
-						t.Logf("breaker opened: %v", c.Err)
+						t.Logf("breaker opened: %v", err)
 					}
 				}})
 				require.NoError(t, err)

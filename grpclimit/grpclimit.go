@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"reflect"
 	"strings"
 	"time"
 
@@ -18,6 +17,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/nilcheck"
+	"github.com/redlimit/redlimit/internal/shadow"
 )
 
 // ErrMissingKey is matched when a call lacks what its key is made of: the
@@ -159,7 +160,7 @@ type limiter struct {
 }
 
 func newLimiter(l redlimit.Limiter, opts []Option) *limiter {
-	if l == nil || isNilPointer(l) {
+	if nilcheck.IsNil(l) {
 		panic(fmt.Sprintf("grpclimit: nil Limiter (%T): check the error of its constructor", l))
 	}
 	c := config{
@@ -184,15 +185,6 @@ func newLimiter(l redlimit.Limiter, opts []Option) *limiter {
 		panic("grpclimit: WithKeepAlive: the interval must be positive")
 	}
 	return &limiter{cfg: c, l: l}
-}
-
-func isNilPointer(v any) bool {
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Func, reflect.Slice, reflect.Chan:
-		return rv.IsNil()
-	}
-	return false
 }
 
 // check decides one call: nil lets it through, with the Grant of what it
@@ -237,7 +229,7 @@ func (lim *limiter) decide(ctx context.Context, method string) (redlimit.Grant, 
 	decideCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
 	defer cancel()
 	if c.shadow {
-		decideCtx = redlimit.ShadowContext(decideCtx)
+		decideCtx = shadow.With(decideCtx)
 	}
 	res, err := lim.l.AllowN(decideCtx, key, cost)
 	if err != nil {
@@ -251,9 +243,8 @@ func (lim *limiter) decide(ctx context.Context, method string) (redlimit.Grant, 
 			return none, nil
 		}
 		st := status.New(codes.Unavailable, "rate limiter unavailable")
-		var hint interface{ RetryAfter() time.Duration }
-		if errors.As(err, &hint) && hint.RetryAfter() > 0 {
-			st = withRetry(st, hint.RetryAfter())
+		if wait, ok := redlimit.RetryAfter(err); ok && wait > 0 {
+			st = withRetry(st, wait)
 		}
 		return none, st.Err()
 	}

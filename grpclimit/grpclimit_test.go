@@ -127,9 +127,11 @@ func (f failing) AllowN(context.Context, string, int) (redlimit.Result, error) {
 	return redlimit.Result{}, f.err
 }
 
+// unavailable is what a limiter with an open circuit breaker returns.
 type unavailable struct{ cooldown time.Duration }
 
 func (u unavailable) Error() string             { return "unavailable" }
+func (u unavailable) Unwrap() error             { return redlimit.ErrUnavailable }
 func (u unavailable) RetryAfter() time.Duration { return u.cooldown }
 
 func TestNoDecision(t *testing.T) {

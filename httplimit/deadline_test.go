@@ -59,9 +59,9 @@ func TestMiddlewareClientDeadlinesCannotOpenTheBreaker(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/failClosed=%v", name, failClosed), func(t *testing.T) {
 				client, opts := backend(t)
 				var opened atomic.Int32
-				breaker, err := redlimit.NewBreaker(redlimit.BreakerConfig{OnChange: func(c redlimit.BreakerChange) {
-					if c.To == redlimit.BreakerOpen {
-						t.Logf("breaker opened: %v", c.Err)
+				breaker, err := redlimit.NewBreaker(redlimit.BreakerConfig{OnChange: func(_, to redlimit.BreakerState, err error) {
+					if to == redlimit.BreakerOpen {
+						t.Logf("breaker opened: %v", err)
 						opened.Add(1)
 					}
 				}})

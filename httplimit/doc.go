@@ -60,8 +60,8 @@
 //	RateLimit-Policy: "default";q=100;w=60
 //	RateLimit: "default";r=42;t=17
 //
-// q is Result.Limit, w the window in seconds (WithWindow; left out when not
-// set), r is Result.Remaining and t is Result.ResetAfter in seconds, rounded
+// q is Result.Limit, w the window in seconds (the limiter's own, from its
+// Strategies method, or WithWindow's), r is Result.Remaining and t is Result.ResetAfter in seconds, rounded
 // up. Both fields are lists: each middleware adds its policy to them, so
 // two middlewares on one route (give each its own WithPolicyName) show
 // both limits. The outer middleware takes its permit before the inner one

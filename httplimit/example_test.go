@@ -39,7 +39,7 @@ func ExampleMiddleware() {
 		fmt.Fprintln(w, "hello")
 	})
 	mux := http.NewServeMux()
-	mux.Handle("/", httplimit.Middleware(limiter, httplimit.WithWindow(time.Minute))(hello))
+	mux.Handle("/", httplimit.Middleware(limiter)(hello))
 
 	for i := 0; i < 3; i++ {
 		rec := httptest.NewRecorder()
@@ -88,7 +88,6 @@ func ExampleBodyCost() {
 		httplimit.WithKeyFunc(httplimit.Header("X-API-Key")),
 		httplimit.WithCost(httplimit.BodyCost(100_000)),
 		httplimit.WithQuotaUnit("content-bytes"),
-		httplimit.WithWindow(time.Hour),
 	)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 
 	send := func(name string, body io.Reader) {
@@ -124,8 +123,8 @@ func ExampleWithPolicyName() {
 	if err != nil {
 		panic(err)
 	}
-	h := httplimit.Middleware(perMinute, httplimit.WithPolicyName("minute"), httplimit.WithWindow(time.Minute))(
-		httplimit.Middleware(perHour, httplimit.WithPolicyName("hour"), httplimit.WithWindow(time.Hour))(
+	h := httplimit.Middleware(perMinute, httplimit.WithPolicyName("minute"))(
+		httplimit.Middleware(perHour, httplimit.WithPolicyName("hour"))(
 			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})))
 
 	rec := httptest.NewRecorder()

@@ -23,10 +23,11 @@ func TestChainedMiddlewaresListEveryPolicy(t *testing.T) {
 	require.NoError(t, err)
 	hour, err := redlimit.NewFixedWindow(env.Client(), 100, time.Hour, env.Options()...)
 	require.NoError(t, err)
-	// Every request is decided: a loaded test machine must not fail one open.
+	// Every request is decided, however loaded the machine: redlimittest's
+	// client outlasts the middleware's deadline.
 	noErrors := WithOnError(func(_ *http.Request, err error) { t.Errorf("no decision: %v", err) })
-	h := Middleware(minute, WithPolicyName("minute"), WithWindow(time.Minute), WithLegacyHeaders(), noErrors, WithTimeout(5*time.Second))(
-		Middleware(hour, WithPolicyName("hour"), WithWindow(time.Hour), WithLegacyHeaders(), noErrors, WithTimeout(5*time.Second))(ok))
+	h := Middleware(minute, WithPolicyName("minute"), WithLegacyHeaders(), noErrors)(
+		Middleware(hour, WithPolicyName("hour"), WithLegacyHeaders(), noErrors)(ok))
 
 	type want struct {
 		status            int
@@ -113,4 +114,37 @@ func TestLegacyHeadersDescribeTheLimitThatBinds(t *testing.T) {
 	require.Equal(t, http.StatusOK, rec.Code)
 	assert.Equal(t, "0", rec.Header().Get("X-RateLimit-Remaining"))
 	assert.Equal(t, strconv.FormatInt(env.Now().Add(time.Hour).Unix(), 10), rec.Header().Get("X-RateLimit-Reset"), "the hour's reset, not the minute's")
+}
+
+// Without WithWindow, w is the limiter's own window: a bucket's time to
+// refill, a SlidingLog's window of the strategy q names, a plan's
+// limiter's. WithWindow overrides it; a limiter that reports no strategies
+// gets no w.
+func TestPolicyWindowFromTheLimiter(t *testing.T) {
+	env := redlimittest.New(t)
+	bucket, err := redlimit.NewTokenBucket(env.Client(), 10, redlimit.PerSecond(4), env.Options()...)
+	require.NoError(t, err)
+	log, err := redlimit.NewSlidingLog(env.Client(), time.Second,
+		[]redlimit.Strategy{{Limit: 2, Window: 10 * time.Second}, {Limit: 3, Window: time.Hour}}, env.Options()...)
+	require.NoError(t, err)
+	policy := func(h http.Handler) string {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		return rec.Header().Get("RateLimit-Policy")
+	}
+
+	assert.Equal(t, `"default";q=10;w=3`, policy(Middleware(bucket)(ok)), "10 at 4/s refill in 2.5s, rounded up")
+	assert.Equal(t, `"default";q=10;w=60`, policy(Middleware(bucket, WithWindow(time.Minute))(ok)), "WithWindow overrides")
+	assert.Equal(t, `"default";q=10`, policy(Middleware(keyLimit{bucket})(ok)), "a limiter that reports no strategies")
+
+	logged := Middleware(log)(ok)
+	assert.Equal(t, `"default";q=2;w=10`, policy(logged), "q and w of the strategy with the fewest left")
+	assert.Equal(t, `"default";q=2;w=10`, policy(logged))
+	env.Advance(10 * time.Second)
+	assert.Equal(t, `"default";q=3;w=3600`, policy(logged), "the hour's strategy binds: its q and its w")
+
+	planned := Middleware(bucket, WithPlans(func(*http.Request) string { return "log" },
+		Plan{Name: "log", Limiter: log}))(ok)
+	env.Advance(time.Hour)
+	assert.Equal(t, `"log";q=2;w=10`, policy(planned), "a plan without Window: its limiter's")
 }

@@ -5,12 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"reflect"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/nilcheck"
+	"github.com/redlimit/redlimit/internal/shadow"
 )
 
 // Errors handed to the ErrorHandler and the OnError callback. Each wraps the
@@ -85,7 +86,7 @@ type config struct {
 	cost          func(*http.Request) int
 	policyName    string
 	quotaUnit     string
-	windowSeconds int64 // 0: leave w out
+	windowSeconds int64 // 0: the limiter's own (see windows)
 	legacyHeaders bool
 	failClosed    bool
 	onError       func(*http.Request, error)
@@ -131,12 +132,15 @@ func WithPolicyName(name string) Option {
 }
 
 // WithWindow sets the w parameter of RateLimit-Policy: the window the
-// quota applies to, in seconds, rounded up. Pass the limiter's window (a
-// fixed or sliding window), or for a bucket the time it takes to refill
-// from empty (capacity / rate). For a SlidingLog, whose q follows the
-// binding strategy, leave it out. Default, and with 0: w is left out, as
-// the draft allows, since a Limiter does not report its window. Middleware
-// panics on a negative window.
+// quota applies to, in seconds, rounded up. Default, and with 0: the
+// limiter's own, from its Strategies method (every limiter of package
+// redlimit has one, and inmem's SlidingLog): a fixed or sliding window's
+// window, a bucket's time to refill or drain completely (capacity / rate),
+// and for a SlidingLog the window of the strategy that q (Result.Limit)
+// names. w is left out, as the draft allows, for a limiter that does not
+// report its strategies, and for a Result whose limit none of them has (a
+// SlidingLog's fallback share). Give WithWindow only to advertise another
+// window than the limiter's. Middleware panics on a negative window.
 func WithWindow(window time.Duration) Option {
 	return func(c *config) {
 		c.windowSeconds = ceilSeconds(window)
@@ -194,8 +198,8 @@ type Plan struct {
 	Name string
 	// Limiter decides the plan's requests.
 	Limiter redlimit.Limiter
-	// Window is the plan's w in RateLimit-Policy (see WithWindow); 0
-	// leaves it out.
+	// Window is the plan's w in RateLimit-Policy (see WithWindow); 0,
+	// the default, is the limiter's own.
 	Window time.Duration
 }
 
@@ -274,7 +278,7 @@ func ResultFromContext(ctx context.Context) (res redlimit.Result, ok bool) {
 // programming errors, caught at start-up. Nothing a request carries makes it
 // panic.
 func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Handler {
-	if isNil(l) {
+	if nilcheck.IsNil(l) {
 		panic(fmt.Sprintf("httplimit: Middleware: nil Limiter (%T): check the error of its constructor", l))
 	}
 	c := config{
@@ -324,7 +328,7 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 			if _, dup := h.byName[p.Name]; dup || p.Name == "" {
 				panic(fmt.Sprintf("httplimit: WithPlans: plan name %q: empty or used twice", p.Name))
 			}
-			if isNil(p.Limiter) {
+			if nilcheck.IsNil(p.Limiter) {
 				panic(fmt.Sprintf("httplimit: WithPlans: plan %q: nil Limiter (%T)", p.Name, p.Limiter))
 			}
 			if p.Window < 0 {
@@ -351,7 +355,16 @@ const defaultTimeout = 100 * time.Millisecond
 type policy struct {
 	limiter    redlimit.Limiter
 	quotedName string
-	params     string // what RateLimit-Policy carries after q
+	params     string // what RateLimit-Policy carries after q: qu, a given w
+	// windows are the limiter's own w parameters, by limit, when no
+	// window was given and the limiter reports its strategies.
+	windows []limitWindow
+}
+
+// limitWindow is the w parameter of a limit of the limiter.
+type limitWindow struct {
+	limit int
+	param string // ";w=<seconds>"
 }
 
 // newPolicy checks a policy's name and builds its header text; it panics on
@@ -371,23 +384,31 @@ func (c *config) newPolicy(name string, l redlimit.Limiter, windowSeconds int64)
 	}
 	if windowSeconds > 0 {
 		p.params += ";w=" + strconv.FormatInt(windowSeconds, 10)
+		return p
+	}
+	if l, ok := l.(interface{ Strategies() []redlimit.Strategy }); ok {
+		for _, s := range l.Strategies() {
+			if w := ceilSeconds(s.Window); w > 0 {
+				p.windows = append(p.windows, limitWindow{s.Limit, ";w=" + strconv.FormatInt(w, 10)})
+			}
+		}
 	}
 	return p
 }
 
-// isNil reports a nil Limiter, including a typed nil such as a
-// (*redlimit.TokenBucket)(nil) left by an ignored constructor error, which
-// would panic on its first request.
-func isNil(l redlimit.Limiter) bool {
-	if l == nil {
-		return true
+// windowParam returns the w parameter of a Result of limit limit, when the
+// limiter tells it: the window of its strategy of that limit, or of its
+// only strategy (a fallback's share keeps the window).
+func (p *policy) windowParam(limit int) string {
+	if len(p.windows) == 1 {
+		return p.windows[0].param
 	}
-	v := reflect.ValueOf(l)
-	switch v.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Func, reflect.Slice, reflect.Chan:
-		return v.IsNil()
+	for _, w := range p.windows {
+		if w.limit == limit {
+			return w.param
+		}
 	}
-	return false
+	return ""
 }
 
 type handler struct {
@@ -426,7 +447,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), c.timeout)
 	defer cancel()
 	if c.shadow {
-		ctx = redlimit.ShadowContext(ctx)
+		ctx = shadow.With(ctx)
 	}
 	res, err := p.limiter.AllowN(ctx, key, cost)
 	if errors.Is(err, redlimit.ErrInvalidArgument) {
@@ -438,9 +459,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrNoDecision, err)
 		if c.failClosed && !c.shadow {
-			var hint interface{ RetryAfter() time.Duration }
-			if errors.As(err, &hint) && hint.RetryAfter() > 0 {
-				w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(hint.RetryAfter()), 10))
+			if wait, ok := redlimit.RetryAfter(err); ok && wait > 0 {
+				w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(wait), 10))
 			}
 			h.fail(w, r, err)
 			return
@@ -515,7 +535,7 @@ func (h *handler) tell(r *http.Request, err error) {
 // resets last.
 func (p *policy) setHeaders(header http.Header, res redlimit.Result, c *config) {
 	// q follows Result.Limit, which for a SlidingLog is the binding strategy's.
-	appendListMember(header, "RateLimit-Policy", p.quotedName+";q="+strconv.Itoa(res.Limit)+p.params)
+	appendListMember(header, "RateLimit-Policy", p.quotedName+";q="+strconv.Itoa(res.Limit)+p.params+p.windowParam(res.Limit))
 	appendListMember(header, "RateLimit", p.quotedName+";r="+strconv.Itoa(res.Remaining)+";t="+strconv.FormatInt(ceilSeconds(res.ResetAfter), 10))
 	if !c.legacyHeaders {
 		return

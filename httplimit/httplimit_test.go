@@ -167,7 +167,7 @@ func TestMiddlewareDecisions(t *testing.T) {
 				return redlimit.NewTokenBucket(env.Client(), 1, redlimit.PerSecond(4), env.Options()...)
 			},
 			steps: []step{
-				{status: 200, want: map[string]string{"RateLimit-Policy": `"default";q=1`, "RateLimit": `"default";r=0;t=1`}},
+				{status: 200, want: map[string]string{"RateLimit-Policy": `"default";q=1;w=1`, "RateLimit": `"default";r=0;t=1`}},
 				{status: 429, want: map[string]string{"Retry-After": "1"}},
 				{advance: 250 * time.Millisecond, status: 200},
 			},
@@ -178,7 +178,7 @@ func TestMiddlewareDecisions(t *testing.T) {
 			opts:    []Option{WithCost(func(*http.Request) int { return 6 })},
 			steps: []step{
 				{status: 413, body: "request exceeds the rate limit", want: map[string]string{
-					"Retry-After": "", "RateLimit-Policy": `"default";q=5`, "RateLimit": `"default";r=5;t=0`,
+					"Retry-After": "", "RateLimit-Policy": `"default";q=5;w=60`, "RateLimit": `"default";r=5;t=0`,
 				}},
 			},
 		},
@@ -191,7 +191,7 @@ func TestMiddlewareDecisions(t *testing.T) {
 			}), WithQuotaUnit("content-bytes")},
 			steps: []step{
 				{header: http.Header{"Cost": {"4"}}, status: 200, want: map[string]string{
-					"RateLimit-Policy": `"default";q=10;qu="content-bytes"`, "RateLimit": `"default";r=6;t=60`,
+					"RateLimit-Policy": `"default";q=10;qu="content-bytes";w=60`, "RateLimit": `"default";r=6;t=60`,
 				}},
 				{header: http.Header{"Cost": {"7"}}, status: 429, want: map[string]string{"RateLimit": `"default";r=6;t=60`, "Retry-After": "60"}},
 				{header: http.Header{"Cost": {"6"}}, status: 200, want: map[string]string{"RateLimit": `"default";r=0;t=60`}},
@@ -537,6 +537,7 @@ func TestMiddlewareTimeout(t *testing.T) {
 type unavailableError struct{ cooldown time.Duration }
 
 func (e unavailableError) Error() string             { return "unavailable" }
+func (e unavailableError) Unwrap() error             { return redlimit.ErrUnavailable }
 func (e unavailableError) RetryAfter() time.Duration { return e.cooldown }
 
 type failingLimiter struct {

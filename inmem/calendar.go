@@ -172,10 +172,7 @@ func (l *CalendarWindow) RefundGrant(ctx context.Context, key, token string, too
 	if !v.counted || v.wrong || s.firstUS != firstUS || pos+grantN > s.next {
 		return nil
 	}
-	// A grant is named by the position after its last permit: never 0,
-	// and grants are disjoint, so the oldest has the lowest.
-	end := pos + grantN
-	had, ok := s.refunds.given(end)
+	had, ok := s.refunds.given(pos, grantN) // the grant holds [pos, pos+grantN)
 	if !ok {
 		return nil
 	}
@@ -184,7 +181,7 @@ func (l *CalendarWindow) RefundGrant(ctx context.Context, key, token string, too
 		return nil
 	}
 	s.count -= give
-	s.refunds.record(end, had+give)
+	s.refunds.add(pos+had, pos+had+give)
 	sh.put(l.store, key, e, s, now, max(1, s.endUS-now))
 	return nil
 }

@@ -44,7 +44,9 @@ func TestFallbackDecidesWhileRedisIsDown(t *testing.T) {
 	breaker, err := redlimit.NewBreaker(redlimit.BreakerConfig{
 		Failures: 2,
 		Now:      func() time.Time { mu.Lock(); defer mu.Unlock(); return breakerNow },
-		OnChange: func(c redlimit.BreakerChange) { changes = append(changes, c.From.String()+">"+c.To.String()) },
+		OnChange: func(from, to redlimit.BreakerState, _ error) {
+			changes = append(changes, from.String()+">"+to.String())
+		},
 	})
 	require.NoError(t, err)
 	var decisions []redlimit.Decision
@@ -89,7 +91,7 @@ func TestFallbackDecidesWhileRedisIsDown(t *testing.T) {
 
 	srv.Restart(t)
 	mu.Lock()
-	breakerNow = breakerNow.Add(redlimit.DefaultBreakerCooldown)
+	breakerNow = breakerNow.Add(time.Second) // the default cooldown
 	mu.Unlock()
 	r, err := l.Allow(ctx, "k")
 	require.NoError(t, err)

@@ -163,7 +163,8 @@ func (l *FixedWindow) refund(s *fixedWindowState, now int64, token string, k int
 	if !open || wrong || start != s.startUS || at > s.count+s.given {
 		return 0
 	}
-	kept, ok := s.refunds.given(at)
+	first := at - took // the grant holds positions [first, at)
+	kept, ok := s.refunds.given(first, took)
 	if !ok {
 		return 0
 	}
@@ -173,7 +174,7 @@ func (l *FixedWindow) refund(s *fixedWindowState, now int64, token string, k int
 	}
 	s.count -= back
 	s.given += back
-	s.refunds.record(at, kept+back)
+	s.refunds.add(first+kept, first+kept+back)
 	return back
 }
 

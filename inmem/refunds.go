@@ -1,57 +1,65 @@
 package inmem
 
-// refunds is what refunds gave back of the grants a key still counts, as
-// the scripts keep it (DESIGN "Grants and refunds": at most once): per
-// refunded grant, named by a position that no other grant of the same
-// window or period has, the permits given back; at most maxRefundRecords
-// of them, the oldest dropped first, and a horizon at or before which a
-// grant gives nothing back any more (stricter, never looser).
+// refunds is what refunds gave back of the grants a window or period
+// still counts, as the scripts keep it (DESIGN "Grants and refunds": at
+// most once, docs/refunds.md): every grant holds positions [first,
+// first+n) of its state, never reused, and the positions given back are
+// kept as ranges [lo, hi), sorted, apart (touching ranges merge), at most
+// maxRefundRanges of them. When more would be kept, the lowest goes and
+// the horizon rises to its end: a grant starting before the horizon gives
+// nothing back any more (stricter, never looser).
 type refunds struct {
-	records []refundRecord
+	ranges  []refundRange
 	horizon int64
 }
 
-// refundRecord is what refunds of one grant, at position at, gave back.
-type refundRecord struct{ at, back int64 }
+// refundRange is the positions [lo, hi), given back.
+type refundRange struct{ lo, hi int64 }
 
-// maxRefundRecords is the most refunded grants a key remembers, as in the
-// scripts.
-const maxRefundRecords = 16
+// maxRefundRanges is the most ranges a state keeps, as in the scripts.
+const maxRefundRanges = 16
 
-// given returns what the grant at position at gave back so far, and
-// whether it may give back more (it is past the horizon).
-func (r *refunds) given(at int64) (back int64, ok bool) {
-	if at <= r.horizon {
+// given returns what the grant holding positions [first, first+n) gave
+// back so far, and whether it may give back more (it starts at or past the
+// horizon). Only its own refunds touch its positions, so what it gave back
+// is their start that a range covers.
+func (r *refunds) given(first, n int64) (back int64, ok bool) {
+	if first < r.horizon {
 		return 0, false
 	}
-	for _, rec := range r.records {
-		if rec.at == at {
-			return rec.back, true
+	for _, g := range r.ranges {
+		if g.lo <= first && first < g.hi {
+			return min(g.hi, first+n) - first, true
 		}
 	}
 	return 0, true
 }
 
-// record sets what the grant at position at gave back in all to back. The
-// records are copied first: a state is a value that shares them with the
-// stored one until it is put.
-func (r *refunds) record(at, back int64) {
-	records := make([]refundRecord, 0, len(r.records)+1)
-	for _, rec := range r.records {
-		if rec.at != at {
-			records = append(records, rec)
+// add records that the positions [lo, hi), given back by none before, are
+// given back. The ranges are copied first: a state is a value that shares
+// them with the stored one until it is put.
+func (r *refunds) add(lo, hi int64) {
+	ranges := make([]refundRange, 0, len(r.ranges)+1)
+	placed := false
+	for _, g := range r.ranges {
+		switch {
+		case g.hi == lo:
+			lo = g.lo
+		case g.lo == hi:
+			hi = g.hi
+		case g.lo > hi && !placed:
+			ranges = append(ranges, refundRange{lo, hi}, g)
+			placed = true
+		default:
+			ranges = append(ranges, g)
 		}
 	}
-	records = append(records, refundRecord{at: at, back: back})
-	if len(records) > maxRefundRecords {
-		oldest := 0
-		for i, rec := range records {
-			if rec.at < records[oldest].at {
-				oldest = i
-			}
-		}
-		r.horizon = max(r.horizon, records[oldest].at)
-		records = append(records[:oldest], records[oldest+1:]...)
+	if !placed {
+		ranges = append(ranges, refundRange{lo, hi})
 	}
-	r.records = records
+	if len(ranges) > maxRefundRanges {
+		r.horizon = max(r.horizon, ranges[0].hi)
+		ranges = ranges[1:]
+	}
+	r.ranges = ranges
 }

@@ -338,7 +338,8 @@ func (l *log) refund(s *logState, now int64, token string, k int64) int64 {
 	if s.recordedUS-now > l.sizes[len(l.sizes)-1]*l.precisionUS {
 		return 0
 	}
-	kept, ok := s.refunds.given(at)
+	first := at - took // the grant holds the key's positions [first, at)
+	kept, ok := s.refunds.given(first, took)
 	if !ok {
 		return 0
 	}
@@ -358,7 +359,7 @@ func (l *log) refund(s *logState, now int64, token string, k int64) int64 {
 			s.total[j] -= back
 		}
 	}
-	s.refunds.record(at, kept+back)
+	s.refunds.add(first+kept, first+kept+back)
 	return back
 }
 

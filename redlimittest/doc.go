@@ -17,6 +17,15 @@
 // A test of a handler's 429 path, or of what happens once the limit
 // recovers, then runs in microseconds.
 //
+// Decisions do not depend on the machine's speed either. httplimit and
+// grpclimit decide under a deadline of 100ms (WithTimeout) and let a
+// request through undecided when it passes, and a CI machine running other
+// jobs can take longer for a round trip: a test that expects 429 would
+// then see 200. The Env's client gives every command at least
+// DecisionDeadline (10s) whatever its ctx's deadline says, so the limit
+// always decides. To test what a service does when no decision comes in
+// time, make Redis fail rather than slow (below).
+//
 // To test the path where no decision is made, make Redis fail:
 // env.Server().SetError("...") fails every command until SetError(""), and
 // env.Server().Close() takes the server down for good. A limiter with a

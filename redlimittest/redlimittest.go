@@ -1,6 +1,7 @@
 package redlimittest
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -53,10 +54,55 @@ func Run() (*Env, error) {
 		Addr:                  server.Addr(),
 		ContextTimeoutEnabled: true,
 		// A test that stops the server wants the error now, not after
-		// go-redis has retried the dial.
-		MaxRetries: -1,
+		// go-redis has retried the command or the dial.
+		MaxRetries:    -1,
+		DialerRetries: 1,
 	})
+	client.AddHook(patience{})
 	return &Env{server: server, client: client, now: Epoch}, nil
+}
+
+// DecisionDeadline is the least time an Env's client gives a command,
+// whatever its ctx's deadline. Middlewares decide under a short deadline
+// of their own (httplimit and grpclimit: 100ms, after which a request
+// goes through undecided): a loaded CI machine can take longer than that
+// for a round trip to miniredis, and a test that expects 429 would see 200.
+// Under an Env, a command whose ctx has a shorter deadline runs on until
+// DecisionDeadline has passed, so that the decision comes back and the
+// test sees what the limit decides, however busy the machine. A call
+// whose ctx is done before it starts still fails at once: the limiter
+// checks that itself.
+const DecisionDeadline = 10 * time.Second
+
+// patience gives every command at least DecisionDeadline.
+type patience struct{}
+
+func (patience) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (patience) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		ctx, cancel := patient(ctx)
+		defer cancel()
+		return next(ctx, cmd)
+	}
+}
+
+func (patience) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		ctx, cancel := patient(ctx)
+		defer cancel()
+		return next(ctx, cmds)
+	}
+}
+
+// patient returns ctx, or, when ctx's deadline leaves less than
+// DecisionDeadline, a ctx with its values and DecisionDeadline from now.
+func patient(ctx context.Context) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok || time.Until(deadline) >= DecisionDeadline {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), DecisionDeadline)
 }
 
 // Close closes the client and stops the server.
@@ -66,8 +112,9 @@ func (e *Env) Close() {
 }
 
 // Client returns the go-redis client of the Env's server: pass it to the
-// limiter constructors. It honours ctx deadlines (ContextTimeoutEnabled) and
-// does not retry failed commands.
+// limiter constructors. It gives every command at least DecisionDeadline,
+// whatever a shorter ctx deadline says, and does not retry failed
+// commands.
 func (e *Env) Client() *redis.Client { return e.client }
 
 // Server returns the miniredis server, for tests of the no-decision path:

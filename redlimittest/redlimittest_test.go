@@ -2,14 +2,18 @@ package redlimittest_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/httplimit"
 	"github.com/redlimit/redlimit/redlimittest"
 )
 
@@ -89,10 +93,10 @@ func TestServerTimeFollowsTheClock(t *testing.T) {
 // Advance counts TTLs down on the server, so keys expire as they would.
 func TestAdvanceExpiresKeys(t *testing.T) {
 	env := redlimittest.New(t)
-	l, err := redlimit.NewFixedWindow(env.Client(), 1, time.Minute, env.Options()...)
+	l, err := redlimit.NewFixedWindow(env.Client(), 1, time.Minute, env.Options(redlimit.WithPrefix("window:"))...)
 	require.NoError(t, err)
 	require.NoError(t, l.TryAcquire(context.Background(), "k"))
-	key := l.RedisKey("k")
+	const key = "window:k"
 	require.True(t, env.Server().Exists(key), "the window's key")
 	env.Advance(time.Minute - time.Millisecond)
 	require.True(t, env.Server().Exists(key), "still there just before its TTL")
@@ -135,4 +139,40 @@ func TestRunAndClose(t *testing.T) {
 	require.NoError(t, env.Client().Ping(context.Background()).Err())
 	env.Close()
 	assert.Error(t, env.Client().Ping(context.Background()).Err(), "closed")
+}
+
+// slowServer makes every command take delay before it reaches the server:
+// a machine too busy to answer within a middleware's deadline.
+type slowServer struct{ delay time.Duration }
+
+func (s slowServer) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (s slowServer) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		time.Sleep(s.delay)
+		return next(ctx, cmd)
+	}
+}
+
+func (s slowServer) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A round trip slower than httplimit's 100ms deadline still decides under
+// an Env: the 429 a test expects is a 429, not a request let through
+// undecided.
+func TestDecisionsOutlastMiddlewareDeadlines(t *testing.T) {
+	env := redlimittest.New(t)
+	env.Client().AddHook(slowServer{150 * time.Millisecond})
+	l, err := redlimit.NewFixedWindow(env.Client(), 1, time.Minute, env.Options()...)
+	require.NoError(t, err)
+	var undecided []error
+	h := httplimit.Middleware(l, httplimit.WithOnError(func(_ *http.Request, err error) { undecided = append(undecided, err) }))(
+		http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for i, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		require.Equal(t, want, rec.Code, "request %d: %v", i+1, undecided)
+	}
+	require.Empty(t, undecided, "every request decided")
 }

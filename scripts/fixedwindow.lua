@@ -16,11 +16,13 @@
 --   "<count><end>3"          a window of this configuration's length (up to
 --                            a count of 91 one integer: the least memory)
 --   "<count> <end> <len> 3"  a window of len µs, of any configuration
---   "<count> <end> <len> <given> <horizon>[ <at>:<back>]* 3"
+--   "<count> <end> <len> <given> <horizon>[ <lo>:<hi>]* 3"
 --                            a window some refund gave <given> back in:
---                            the grant whose permits ended at position <at>
---                            (1 = the window's first) gave back <back>;
---                            grants at or before <horizon> give nothing
+--                            the positions from <lo> to before <hi> (0 =
+--                            the window's first permit) were given back,
+--                            at most MAX_RANGES ranges, apart and sorted;
+--                            a grant starting before <horizon> gives
+--                            nothing (docs/refunds.md)
 -- A window lasts len for every configuration: len is the longest window of
 -- those that granted in it. The key's time is the window's start: a call
 -- whose clock reads earlier decides at it, and one more than a window
@@ -38,8 +40,8 @@
 local SHORT = '^([1-9]%d-)([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)3$'
 local LONG = '^([1-9]%d*) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) ([1-9]%d*) 3$'
 local REFUNDED = '^(%d+) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) ([1-9]%d*) ([1-9]%d*) (%d+)(.*) 3$'
-local RECORD = ' ([1-9]%d*):([1-9]%d*)'
-local MAX_RECORDS = 16
+local RANGE = ' (%d+):([1-9]%d*)'
+local MAX_RANGES = 16
 local NOT_OURS = 'NOTOURS holds %s, not redlimit state; it was left unchanged'
 
 -- set_keeping_ttl writes a grant that left the window's end where it was:
@@ -65,7 +67,7 @@ local n = 0
 if not refund_k then n = ARGV[2] + 0 end
 
 -- Read the state: count, start, len, and what refunds gave back (given,
--- horizon, records: the text of the <at>:<back> pairs). No value: no
+-- horizon, records: the text of the <lo>:<hi> ranges). No value: no
 -- window.
 local count, start, len, given, horizon, records = 0, 0, window, 0, 0, ''
 local value = redis.pcall('GET', KEYS[1])
@@ -78,7 +80,7 @@ if value then
   if not count then count, window_end, len = string.match(value, LONG) end
   if not count then
     count, window_end, len, given, horizon, records = string.match(value, REFUNDED)
-    if count and string.gsub(records, RECORD, '') ~= '' then count = nil end
+    if count and string.gsub(records, RANGE, '') ~= '' then count = nil end
   end
   if not count then
     return redis.error_reply(string.format(NOT_OURS, 'a string that is not a fixed window'))
@@ -108,32 +110,49 @@ if not open then count = 0 end
 
 -- A refund: give back into the window the token names, while it is open
 -- and on the key's timeline, what the grant took and has not given back
--- yet, at most once (the records), then reply as n == 0 would.
+-- yet, at most once, then reply as n == 0 would. The grant holds the
+-- window's positions [first, at); what it gave back is the start of them
+-- that a range of given-back positions covers (only its refunds touch
+-- them), and what it gives now joins that range.
 if refund_k then
   local back = 0
   local token_start, at, took = string.match(token, '^(%d+)%.([1-9]%d*)%.([1-9]%d*)$')
   at, took = tonumber(at), tonumber(took)
   if open and not moved and token_start and token_start + 0 == start
-      and at > horizon and at <= count + given and took <= at then
-    local kept, list = 0, {}
-    for record_at, record_back in string.gmatch(records, RECORD) do
-      record_at, record_back = record_at + 0, record_back + 0
-      if record_at == at then kept = record_back else list[#list + 1] = {record_at, record_back} end
+      and took <= at and at - took >= horizon and at <= count + given then
+    local first, kept, ranges = at - took, 0, {}
+    for lo, hi in string.gmatch(records, RANGE) do
+      lo, hi = lo + 0, hi + 0
+      if lo <= first and first < hi then kept = math.min(hi, at) - first end
+      ranges[#ranges + 1] = {lo, hi}
     end
     back = math.min(refund_k + 0, took) - kept
     if back > count then back = count end
     if back > 0 then
       count, given = count - back, given + back
-      list[#list + 1] = {at, kept + back}
-      -- Bounded: the records of at most MAX_RECORDS grants. The oldest
-      -- one's goes, and the horizon says it gives nothing more.
-      table.sort(list, function(a, b) return a[1] < b[1] end)
-      if #list > MAX_RECORDS then
-        horizon = math.max(horizon, list[1][1])
-        table.remove(list, 1)
+      -- [first + kept, first + kept + back) joins the ranges, merged with
+      -- those it touches.
+      local lo, hi, parts, placed = first + kept, first + kept + back, {}, false
+      for _, range in ipairs(ranges) do
+        if range[2] == lo then
+          lo = range[1]
+        elseif range[1] == hi then
+          hi = range[2]
+        elseif range[1] > hi and not placed then
+          parts[#parts + 1], placed = {lo, hi}, true
+          parts[#parts + 1] = range
+        else
+          parts[#parts + 1] = range
+        end
       end
-      local parts = {}
-      for i, record in ipairs(list) do parts[i] = string.format(' %d:%d', record[1], record[2]) end
+      if not placed then parts[#parts + 1] = {lo, hi} end
+      -- Bounded: at most MAX_RANGES ranges. The lowest goes, and the
+      -- horizon says that a grant starting before its end gives nothing.
+      if #parts > MAX_RANGES then
+        horizon = math.max(horizon, parts[1][2])
+        table.remove(parts, 1)
+      end
+      for i, range in ipairs(parts) do parts[i] = string.format(' %d:%d', range[1], range[2]) end
       set_keeping_ttl(string.format('%d %d %d %d %d%s 3',
         count, start + len, len, given, horizon, table.concat(parts)))
     else

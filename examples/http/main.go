@@ -134,7 +134,6 @@ func newAPI(rdb redis.Scripter, trusted []netip.Prefix, decide time.Duration) (h
 	mux.Handle("GET /hello", httplimit.Middleware(hello,
 		httplimit.WithKeyFunc(httplimit.ClientIP(trusted...)),
 		httplimit.WithPolicyName("hello"),
-		httplimit.WithWindow(5*time.Second), // a full bucket refills in 5s
 		httplimit.WithLegacyHeaders(),
 		timeout,
 		logErrors,
@@ -147,7 +146,6 @@ func newAPI(rdb redis.Scripter, trusted []netip.Prefix, decide time.Duration) (h
 		httplimit.WithCost(httplimit.BodyCost(1<<20)), // a chunked body is charged the 1 MB it may send
 		httplimit.WithPolicyName("upload"),
 		httplimit.WithQuotaUnit("content-bytes"),
-		httplimit.WithWindow(time.Minute),
 		timeout,
 		logErrors,
 	)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -143,16 +143,16 @@ func main() {
 		addr = m.Addr()
 		fmt.Println("REDIS_ADDR not set: using an embedded miniredis at", addr)
 	}
-	if err := run(os.Stdout, addr, fmt.Sprint(time.Now().UnixNano())); err != nil {
+	rdb := redis.NewClient(redlimit.ClientOptions(addr))
+	defer rdb.Close()
+	if err := run(os.Stdout, rdb, fmt.Sprint(time.Now().UnixNano())); err != nil {
 		log.Fatal(err)
 	}
 }
 
 // run shows two tenants on the free plan, one of them upgraded at runtime.
 // suffix makes the tenants fresh on each run.
-func run(out io.Writer, addr, suffix string) error {
-	rdb := redis.NewClient(redlimit.ClientOptions(addr))
-	defer rdb.Close()
+func run(out io.Writer, rdb redis.Scripter, suffix string) error {
 	// One breaker for every limiter on this client.
 	breaker, err := redlimit.NewBreaker(redlimit.BreakerConfig{})
 	if err != nil {

@@ -12,12 +12,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/redlimittest"
 )
 
 func TestRun(t *testing.T) {
-	m := miniredis.RunT(t)
+	// redlimittest's client outlasts Allow's 50ms decision deadline on a
+	// busy machine: the output is the limits', never a timeout's.
+	env := redlimittest.New(t)
 	var out strings.Builder
-	require.NoError(t, run(&out, m.Addr(), "test"))
+	require.NoError(t, run(&out, env.Client(), "test"))
 	require.Equal(t, `acme (5 per 1m0s): 5 of 8 allowed
 globex (5 per 1m0s): 5 of 8 allowed
 acme (20 per 1m0s): 15 of 20 allowed
@@ -28,9 +31,8 @@ acme (20 per 1m0s): 15 of 20 allowed
 // Limiters of every plan share the one breaker: an outage seen through one
 // plan's limiter opens it for the others, which then answer at once.
 func TestLimitersShareOneBreaker(t *testing.T) {
-	m := miniredis.RunT(t)
-	rdb := redis.NewClient(redlimit.ClientOptions(m.Addr()))
-	t.Cleanup(func() { rdb.Close() })
+	env := redlimittest.New(t)
+	rdb := env.Client()
 	breaker, err := redlimit.NewBreaker(redlimit.BreakerConfig{})
 	require.NoError(t, err)
 	limiters := NewLimiters(rdb, breaker)
@@ -47,8 +49,8 @@ func TestLimitersShareOneBreaker(t *testing.T) {
 	require.NoError(t, err)
 	require.Same(t, l1, l2, "the cache returns the plan's limiter")
 
-	m.Close()
-	for range redlimit.DefaultBreakerFailures {
+	env.Server().Close()
+	for range 5 { // the failures that open a default breaker
 		err := Allow(ctx, limiters, plans, "small")
 		require.Error(t, err)
 		require.False(t, errors.Is(err, redlimit.ErrUnavailable), "the breaker is still closed")

@@ -98,7 +98,7 @@ func TestProxy(t *testing.T) {
 	select {
 	case err := <-done:
 		require.NoError(t, err)
-	case <-time.After(2 * time.Second):
+	case <-time.After(30 * time.Second): // generous for a busy machine: the reply is an hour away
 		t.Fatal("Close must not wait for a delayed reply")
 	}
 }

@@ -3,7 +3,6 @@ package model
 import (
 	"fmt"
 	"maps"
-	"slices"
 )
 
 // FixedWindow is the reference model of a fixed-window limiter: the first
@@ -24,13 +23,10 @@ type FixedWindow struct {
 	startUS int64 // start of the last window opened
 	count   int64 // permits it counts
 
-	// Refunds: what refunds gave back in the window (given), what each
-	// refunded grant gave back (records, by the position of its last
-	// permit in the window), at most maxRefundRecords of them, and the
-	// position at or before which grants give nothing (horizon).
+	// Refunds: what refunds gave back in the window (given), and which of
+	// the window's positions they gave back (refundRanges).
 	given   int64
-	records map[int64]int64
-	horizon int64
+	refunds refundRanges
 	grants  map[int64]fixedGrant // every grant, by GrantID
 	lastID  int64
 }
@@ -38,10 +34,6 @@ type FixedWindow struct {
 // fixedGrant is a grant as the fixed window names it: its window's start,
 // the position of its last permit in the window, and its permits.
 type fixedGrant struct{ startUS, at, took int64 }
-
-// maxRefundRecords is the most refunded grants a window remembers; the
-// scripts keep the same bound.
-const maxRefundRecords = 16
 
 var _ Refunder = (*FixedWindow)(nil)
 
@@ -95,13 +87,13 @@ func (m *FixedWindow) Step(nowUS int64, n int64) Result {
 	case !open:
 		allowed, count, start = true, n, t
 		m.opened, m.startUS, m.count = true, t, n
-		m.given, m.records, m.horizon = 0, nil, 0
+		m.given, m.refunds = 0, refundRanges{}
 	case count+n <= L:
 		allowed, count = true, count+n
 		m.count = count
 		if wrong {
 			m.startUS = start
-			m.given, m.records, m.horizon = 0, nil, 0
+			m.given, m.refunds = 0, refundRanges{}
 		}
 	default:
 		retry = start + W - t
@@ -126,38 +118,34 @@ func (m *FixedWindow) Step(nowUS int64, n int64) Result {
 // Refund gives back permits of the grant named grantID until k of them in
 // all have been given back, while the window that counts them is open at
 // the key's time (never from a clock gone wrong). A refunded grant is
-// remembered, so that a retry gives nothing more, up to maxRefundRecords
-// grants a window: then the oldest one's record goes, and it and every
-// grant before it give nothing more.
+// remembered as given-back positions, so that a retry gives nothing more
+// (refundRanges: at most maxRefundRanges runs of them; a grant starting
+// before the horizon then gives nothing more).
 func (m *FixedWindow) Refund(nowUS, grantID, k int64) int64 {
 	g, ok := m.grants[grantID]
 	_, _, wrong, open := m.at(nowUS)
-	if !ok || !open || wrong || g.startUS != m.startUS || g.at <= m.horizon || g.at > m.count+m.given {
+	if !ok || !open || wrong || g.startUS != m.startUS || g.at > m.count+m.given {
 		return 0
 	}
-	kept := m.records[g.at]
+	first := g.at - g.took // the grant holds the window's positions [first, at)
+	kept, ok := m.refunds.given(first, g.took)
+	if !ok {
+		return 0
+	}
 	back := min(k, g.took, kept+m.count) - kept
 	if back <= 0 {
 		return 0
 	}
 	m.count -= back
 	m.given += back
-	if m.records == nil {
-		m.records = map[int64]int64{}
-	}
-	m.records[g.at] = kept + back
-	if len(m.records) > maxRefundRecords {
-		oldest := slices.Min(slices.Collect(maps.Keys(m.records)))
-		delete(m.records, oldest)
-		m.horizon = max(m.horizon, oldest)
-	}
+	m.refunds.add(first+kept, first+kept+back)
 	return back
 }
 
 // Clone returns an independent copy of m.
 func (m *FixedWindow) Clone() Model {
 	c := *m
-	c.records = maps.Clone(m.records)
+	c.refunds = m.refunds.clone()
 	c.grants = maps.Clone(m.grants)
 	return &c
 }
