@@ -2,13 +2,13 @@ package redlimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
@@ -220,9 +220,6 @@ func TestReservationNeverExceedsTheLimit(t *testing.T) {
 	}
 }
 
-var _ = errors.Is
-var _ = fmt.Sprint
-
 // TestReservationRoundTrips counts the decisions Redis makes for 64
 // goroutines on one hot key: with a batch of 64, at most one call in 8
 // reaches Redis, for every algorithm; every call is allowed.
@@ -425,4 +422,135 @@ func TestReservationHoldTimer(t *testing.T) {
 		require.Eventually(t, func() bool { return remaining(t, other, "k") == 98 }, 5*time.Second, 5*time.Millisecond,
 			"the held permits come back after the hold")
 	})
+}
+
+// TestReservationRefunds: a Grant handed out from held permits refunds
+// into them while the reservation holds, without a round trip, and to
+// Redis through the batch's grant once it does not; in all, never more
+// than it took, however often it is refunded.
+func TestReservationRefunds(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		b.keepKeys()
+		ctx := context.Background()
+		clock := newAtomicClock()
+		g := &gate{}
+		rec := &commandRecorder{}
+		rdb := sameServer(t, b)
+		rdb.AddHook(beforeDecision{do: g.do})
+		rdb.AddHook(rec)
+		a, err := NewFixedWindow(rdb, 100, time.Minute, WithClock(clock.Now), WithReservation(10, time.Second))
+		require.NoError(t, err)
+		other, err := NewFixedWindow(sameServer(t, b), 100, time.Minute, WithClock(clock.Now))
+		require.NoError(t, err)
+
+		makeBusy(t, a, g, "k") // Redis counts 4: 2 handed out, 2 held
+		rec.take()
+		first, err := a.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.Equal(t, 1, first.Grant.N())
+		require.NoError(t, first.Grant.Refund(ctx, 1), "into the reservation")
+		require.NoError(t, first.Grant.Refund(ctx, 1), "again: gives nothing more")
+		require.Zero(t, rec.scripts(), "refunds into held permits make no round trip")
+		require.Equal(t, 96, remaining(t, other, "k"), "Redis still counts the held permits")
+
+		second, err := a.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.NoError(t, a.Close(ctx))
+		require.Equal(t, 97, remaining(t, other, "k"), "3 handed out in all: Close gave back the one held")
+
+		require.NoError(t, second.Grant.Refund(ctx, 1), "after Close: to Redis")
+		require.Equal(t, 98, remaining(t, other, "k"))
+		require.NoError(t, second.Grant.Refund(ctx, 1), "a retry")
+		require.NoError(t, first.Grant.Refund(ctx, 1), "the first again, whose permit Close gave back")
+		require.Equal(t, 98, remaining(t, other, "k"), "never more than each took")
+		require.ErrorIs(t, second.Grant.Refund(ctx, 2), ErrInvalidArgument, "more than it took")
+	})
+}
+
+// TestReservationBreaker: permits held when the breaker opens are not
+// handed out while it is open: calls get ErrUnavailable (or the
+// fallback's decision), as without the option.
+func TestReservationBreaker(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := newMiniClient(t, m)
+	g := &gate{}
+	rdb.AddHook(beforeDecision{do: g.do})
+	breaker, err := NewBreaker(BreakerConfig{Failures: 1, Cooldown: time.Hour})
+	require.NoError(t, err)
+	a, err := NewFixedWindow(rdb, 100, time.Minute, WithBreaker(breaker), WithReservation(10, time.Hour))
+	require.NoError(t, err)
+	ctx := context.Background()
+	makeBusy(t, a, g, "k")
+	res, err := a.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, res.Allowed, "from the 2 held")
+
+	m.Close()
+	_, err = a.AllowN(ctx, "k", 0)
+	require.Error(t, err, "Redis is gone")
+	require.Equal(t, BreakerOpen, breaker.State())
+	_, err = a.Allow(ctx, "k")
+	require.ErrorIs(t, err, ErrUnavailable, "the one permit still held is not handed out past an open breaker")
+}
+
+// TestReservationAllowAll: a part whose limiter holds permits for its key
+// is answered from them, without a round trip, and a denial by another
+// part gives its permit back to the reservation.
+func TestReservationAllowAll(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		b.keepKeys()
+		ctx := context.Background()
+		clock := newAtomicClock()
+		g := &gate{}
+		rec := &commandRecorder{}
+		rdb := sameServer(t, b)
+		rdb.AddHook(beforeDecision{do: g.do})
+		a, err := NewFixedWindow(rdb, 100, time.Minute, WithClock(clock.Now), WithReservation(10, time.Hour))
+		require.NoError(t, err)
+		once, err := NewFixedWindow(rdb, 1, time.Minute, WithClock(clock.Now))
+		require.NoError(t, err)
+		other, err := NewFixedWindow(sameServer(t, b), 100, time.Minute, WithClock(clock.Now))
+		require.NoError(t, err)
+		makeBusy(t, a, g, "k") // 2 handed out, 2 held
+		rdb.AddHook(rec)
+
+		res, err := AllowAll(ctx, 1, Part{a, "k"}, Part{once, "x"})
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+		require.Equal(t, 1, rec.decided(keyPrefix(once)+"x"))
+		require.Zero(t, rec.decided(keyPrefix(a)+"k"), "the reserved part answered from held permits")
+
+		res, err = AllowAll(ctx, 1, Part{a, "k"}, Part{once, "x"})
+		require.NoError(t, err)
+		require.False(t, res.Allowed, "the other part denies")
+		require.Equal(t, 1, res.Part)
+		require.Zero(t, rec.decided(keyPrefix(a)+"k"), "the reserved part's permit went back to the reservation")
+
+		require.NoError(t, a.Close(ctx))
+		require.Equal(t, 97, remaining(t, other, "k"), "3 handed out: the denied call took nothing")
+	})
+}
+
+// TestReservationConfig: WithReservation's arguments are checked, and a
+// Concurrency, whose permits are leases, refuses it.
+func TestReservationConfig(t *testing.T) {
+	rdb := newMiniClient(t, miniredis.RunT(t))
+	for _, c := range []struct {
+		name string
+		new  func() error
+		want string
+	}{
+		{"batch 1", func() error { _, err := NewFixedWindow(rdb, 10, time.Second, WithReservation(1, time.Second)); return err }, "batch 1: must be at least 2"},
+		{"hold 0", func() error { _, err := NewTokenBucket(rdb, 10, PerSecond(10), WithReservation(8, 0)); return err }, "hold 0s: must be at least 1ms"},
+		{"concurrency", func() error { _, err := NewConcurrency(rdb, 10, time.Second, WithReservation(8, time.Second)); return err }, "leases"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.new()
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			require.ErrorContains(t, err, c.want)
+		})
+	}
+	l, err := NewSlidingWindow(rdb, 10, time.Second, 100*time.Millisecond)
+	require.NoError(t, err)
+	require.NoError(t, l.Close(context.Background()), "without a reservation Close has nothing to return")
 }
