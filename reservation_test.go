@@ -540,9 +540,15 @@ func TestReservationConfig(t *testing.T) {
 		new  func() error
 		want string
 	}{
-		{"batch 1", func() error { _, err := NewFixedWindow(rdb, 10, time.Second, WithReservation(1, time.Second)); return err }, "batch 1: must be at least 2"},
+		{"batch 1", func() error {
+			_, err := NewFixedWindow(rdb, 10, time.Second, WithReservation(1, time.Second))
+			return err
+		}, "batch 1: must be at least 2"},
 		{"hold 0", func() error { _, err := NewTokenBucket(rdb, 10, PerSecond(10), WithReservation(8, 0)); return err }, "hold 0s: must be at least 1ms"},
-		{"concurrency", func() error { _, err := NewConcurrency(rdb, 10, time.Second, WithReservation(8, time.Second)); return err }, "leases"},
+		{"concurrency", func() error {
+			_, err := NewConcurrency(rdb, 10, time.Second, WithReservation(8, time.Second))
+			return err
+		}, "leases"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := c.new()
