@@ -21,13 +21,17 @@ import (
 //
 // A key is busy when a call on it arrives while another call on it, from
 // this limiter, is at Redis, and stays busy while permits it reserved may
-// still be handed out. The first concurrent call asks Redis for its own n
-// plus a batch sized to the demand seen since the last one (at least 1,
-// at most batch - n); calls that arrive meanwhile wait for that round
-// trip instead of making their own. A key that is not busy costs what it
-// costs without the option: one round trip per call, nothing held. A call
-// the held permits cannot cover (n above them, n == 0, the batch denied,
-// the breaker not closed) goes to Redis as without the option, alone.
+// still be handed out. The call that finds it busy asks Redis for its own
+// n plus a batch sized to the demand seen since the previous one (at
+// least 1, at most batch - n, never more than the Remaining Redis last
+// reported); calls that arrive meanwhile wait for that round trip instead
+// of making their own, so a busy key costs one round trip at a time. A
+// key that is not busy costs what it costs without the option: one round
+// trip per call, nothing held. A call the held permits cannot cover (n
+// above them: Redis is asked for n, plus a batch when busy; n == 0; a
+// batch Redis denied: n alone; the breaker not closed) goes to Redis as
+// without the option. At most 4,096 keys of a limiter hold permits at
+// once; a busy key beyond them is decided call by call.
 //
 // The bounds, for every process on the key:
 //   - the limit is never exceeded: every permit handed out was granted by
@@ -37,18 +41,26 @@ import (
 //     bucket, had it the held permits back, would not be full), so what is
 //     handed out is what the limiter would have granted call by call;
 //   - other processes find the key stricter by at most the permits this
-//     limiter holds on it, fewer than batch, for at most hold after Redis
+//     limiter holds on it, at most batch - 1, for at most hold after Redis
 //     granted them: then, or when Redis would no longer count them, they
 //     are refunded (on the next call on the key, or by the limiter's one
-//     timer), and Close refunds them at once.
+//     timer, armed only while something is held: no goroutine per key),
+//     and Close refunds them at once. A Reset from another process is
+//     not seen: held permits may then be handed out on the fresh key
+//     until the hold passes.
 //
 // A call answered from held permits is Allowed and tells observers
 // Decision.Local; its Result's Limit, Remaining and ResetAfter are those
-// Redis gave the batch (Remaining counts every held permit as used;
-// ResetAfter counts down from the batch's reply), and its Grant refunds
+// Redis gave the batch (Remaining the least Redis reported on the key
+// since, which counts every held permit as used; ResetAfter counted down
+// from the batch's reply), and its Grant refunds
 // into the reservation while it holds, else to Redis through the batch's
 // grant: exactly once, never more than it took. docs/reservations.md tells
 // the whole story.
+//
+// While the circuit breaker is not closed nothing held is handed out:
+// calls get ErrUnavailable or the WithFallback limiter's decision, as
+// without the option, and a batch never comes from the fallback.
 //
 // batch below 2, or hold below 1ms, is ErrInvalidConfig; so is the option
 // on a Concurrency, whose permits are leases held by requests, not counts
