@@ -278,6 +278,13 @@ type fakeClock struct{ now time.Time }
 // newClock returns a fake clock reading epoch.
 func newClock() *fakeClock { return &fakeClock{now: epoch} }
 
+// withoutGrant is r without its Grant, to compare with a Result that names
+// no grant (a literal, a model's).
+func withoutGrant(r Result) Result {
+	r.Grant = Grant{}
+	return r
+}
+
 func (c *fakeClock) Now() time.Time          { return c.now }
 func (c *fakeClock) Advance(d time.Duration) { c.now = c.now.Add(d) }
 

@@ -105,7 +105,7 @@ func TestObserver(t *testing.T) {
 					seen := log.take()
 					require.Len(t, seen, 1, "TryAcquire should be observed once")
 					require.Equal(t, Decision{Algorithm: alg.name, Key: "third", N: 1, Latency: seen[0].Latency,
-						Result: Result{Allowed: true, Limit: 3, Remaining: 1, ResetAfter: seen[0].Result.ResetAfter}}, seen[0],
+						Result: Result{Allowed: true, Limit: 3, Remaining: 1, ResetAfter: seen[0].Result.ResetAfter, Grant: seen[0].Result.Grant}}, seen[0],
 						"TryAcquire's Decision")
 					require.Positive(t, seen[0].Latency, "Latency should be measured")
 

@@ -137,7 +137,7 @@ func TestTwinKeysAnswerAlike(t *testing.T) {
 						require.NoError(t, err)
 						got, err := limiters[i].AllowN(ctx, "extra", n)
 						require.NoError(t, err)
-						require.Equal(t, want, got, "trace %d step %d: %s asks %d; configurations %v", trace, step, descs[i], n, descs)
+						require.Equal(t, withoutGrant(want), withoutGrant(got), "trace %d step %d: %s asks %d; configurations %v", trace, step, descs[i], n, descs)
 					}
 				}
 			})
@@ -202,7 +202,7 @@ func TestClockBackTracesMatchModel(t *testing.T) {
 						if m.RetryAfterUS == model.Never {
 							want.RetryAfter = Never
 						}
-						require.Equal(t, want, got, "step %d (%v) at +%dµs, n=%d", i, move, now-epoch.UnixMicro(), n)
+						require.Equal(t, want, withoutGrant(got), "step %d (%v) at +%dµs, n=%d", i, move, now-epoch.UnixMicro(), n)
 						if b.rdb.Get(ctx, prefix+"k").Val() != before {
 							require.True(t, (got.Allowed && n > 0) || now < latestUS,
 								"step %d: only a grant, or a call after the clock went back, changes the key", i)

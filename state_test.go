@@ -157,7 +157,7 @@ func TestTTL(t *testing.T) {
 					require.NoError(t, err)
 					want, err := l.AllowN(ctx, "ttl-fresh", 1)
 					require.NoError(t, err)
-					require.Equal(t, want, got, "after expiry the key must behave like a fresh key")
+					require.Equal(t, withoutGrant(want), withoutGrant(got), "after expiry the key must behave like a fresh key")
 					require.Equal(t, stateBurst-1, got.Remaining, "a fresh key has one burst")
 				}
 			})
@@ -194,7 +194,7 @@ func TestNoExpiryNeeded(t *testing.T) {
 					require.NoError(t, err)
 					want, err := l.AllowN(ctx, "stale-fresh", n)
 					require.NoError(t, err)
-					require.Equal(t, want, got, "AllowN(%d) on a stale key must decide as on a fresh key", n)
+					require.Equal(t, withoutGrant(want), withoutGrant(got), "AllowN(%d) on a stale key must decide as on a fresh key", n)
 				}
 				got, err := l.AllowN(ctx, key, 1)
 				require.NoError(t, err)
