@@ -149,8 +149,8 @@ var goldenPrefixes = map[string]string{
 	"fw": "redlimit:fw:7vja75:",
 	"sw": "redlimit:sw:p0d880:", // state format 9: the key's count in the note's text
 	"sl": "redlimit:sl:d1b2st:", // state format 9
-	"lb": "redlimit:lb:jfq72b:",
-	"tb": "redlimit:tb:r0ao0p:",
+	"lb": "redlimit:lb:aeleqf:",
+	"tb": "redlimit:tb:iraf3k:",
 }
 
 func must[T any](v T, err error) T {

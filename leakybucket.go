@@ -37,7 +37,7 @@ func NewLeakyBucket(rdb redis.Scripter, capacity int, leak Rate, opts ...Option)
 	l, err := newLimiter(rdb, spec{
 		algorithm: "leaky_bucket",
 		code:      "lb",
-		format:    3,
+		format:    4,
 		script:    leakyBucketScript,
 		args:      args,
 		// With a WithPrefix prefix the rate and capacity are stored, so

@@ -37,7 +37,7 @@ func NewTokenBucket(rdb redis.Scripter, capacity int, refill Rate, opts ...Optio
 	l, err := newLimiter(rdb, spec{
 		algorithm: "token_bucket",
 		code:      "tb",
-		format:    3,
+		format:    4,
 		script:    tokenBucketScript,
 		args:      args,
 		// With a WithPrefix prefix the rate and capacity are stored, so
