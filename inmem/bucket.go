@@ -175,19 +175,23 @@ func (b *bucket) decide(s *bucketState, now, n int64) (redlimit.Result, int64, s
 
 // grant adds need ticks to s at the key's time t, where the level is
 // level, and returns the grant's token: where its permits end on the
-// key's timeline (µs, rounded down) and the refunds' shift then. A bucket
-// empty for longer than the shift starts afresh: no earlier grant's
-// permits can reach past t.
+// key's timeline (µs, then "+" the ticks past them) and, once refunded,
+// "." the refunds' shift then, as the scripts write it. A bucket empty for
+// longer than the shift starts afresh: no earlier grant's permits can
+// reach past t.
 func (b *bucket) grant(s *bucketState, t, level, need int64) string {
 	if level == 0 && t >= s.keyUS+ceilDiv(s.level, b.count)+s.shift {
 		*s = bucketState{}
 	}
 	s.keyUS, s.level = t, level+need
-	end := t + s.level/b.count
-	if s.shift == 0 {
-		return strconv.FormatInt(end, 10)
+	token := strconv.FormatInt(t+s.level/b.count, 10)
+	if frac := s.level % b.count; frac > 0 {
+		token += "+" + strconv.FormatInt(frac, 10)
 	}
-	return strconv.FormatInt(end, 10) + "." + strconv.FormatInt(s.shift, 10)
+	if s.shift > 0 {
+		token += "." + strconv.FormatInt(s.shift, 10)
+	}
+	return token
 }
 
 // RefundGrant gives back permits of the grant token names on key until k
@@ -216,13 +220,8 @@ func (b *bucket) RefundGrant(ctx context.Context, key, token string, took, k int
 // refund is RefundGrant on s at now; it returns the ticks given back.
 func (b *bucket) refund(s *bucketState, now int64, token string, k int64) int64 {
 	t, wrong, level := b.at(*s, now)
-	endText, shiftText, _ := strings.Cut(token, ".")
-	end, err1 := strconv.ParseInt(endText, 10, 64)
-	shift, err2 := int64(0), error(nil)
-	if shiftText != "" {
-		shift, err2 = strconv.ParseInt(shiftText, 10, 64)
-	}
-	if wrong || level == 0 || err1 != nil || err2 != nil || shift > s.shift {
+	end, frac, shift, ok := parseBucketToken(token)
+	if wrong || level == 0 || !ok || shift > s.shift {
 		return 0
 	}
 	id, asked, at := end+shift, int64(0), len(s.refunds)
@@ -231,13 +230,13 @@ func (b *bucket) refund(s *bucketState, now int64, token string, k int64) int64 
 			asked, at = rec.k, i
 		}
 	}
-	left := end - (s.shift - shift) - t
-	if id <= s.horizon || k <= asked || left <= 0 {
+	leftUS := end - (s.shift - shift) - t
+	if id <= s.horizon || k <= asked || leftUS < 0 || leftUS > b.fullUS {
 		return 0
 	}
-	given := min((k-asked)*b.per, level)
-	if left < ceilDiv(given, b.count) {
-		given = left * b.count
+	given := min((k-asked)*b.per, level, leftUS*b.count+frac)
+	if given <= 0 {
+		return 0
 	}
 	s.level -= given
 	s.shift += ceilDiv(given, b.count)
@@ -266,6 +265,21 @@ func (b *bucket) refund(s *bucketState, now int64, token string, k int64) int64 
 		s.refunds = append(s.refunds[:drop], s.refunds[drop+1:]...)
 	}
 	return given
+}
+
+// parseBucketToken reads a token grant made: "<end>[+<frac>][.<shift>]".
+func parseBucketToken(token string) (end, frac, shift int64, ok bool) {
+	head, shiftText, hasShift := strings.Cut(token, ".")
+	endText, fracText, hasFrac := strings.Cut(head, "+")
+	var err1, err2, err3 error
+	end, err1 = strconv.ParseInt(endText, 10, 64)
+	if hasFrac {
+		frac, err2 = strconv.ParseInt(fracText, 10, 64)
+	}
+	if hasShift {
+		shift, err3 = strconv.ParseInt(shiftText, 10, 64)
+	}
+	return end, frac, shift, err1 == nil && err2 == nil && err3 == nil && frac >= 0 && shift >= 0
 }
 
 // used is the share of the bucket s has in use at t.

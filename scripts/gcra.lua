@@ -270,24 +270,25 @@ if granted then
 end
 
 -- Refund: the grant's permits occupy a slot of the key's timeline that
--- ended at <end> µs when granted, with <after> µs of other rates' parts
--- after it and the refunds' shift at <shift>. Refunds since moved it at
--- most shift - <shift> earlier, so it ends no sooner than <end> - that:
--- what of it lies after t is still counted, and up to k of its permits
--- (less those given back before) leave this rate's part from its end.
+-- ended at <end> µs and <frac> ticks when granted, with <after> µs of
+-- other rates' parts after it and the refunds' shift at <shift>. Refunds
+-- since moved it at most shift - <shift> earlier, so it ends no sooner
+-- than that much before <end>: what of it lies after t is still counted,
+-- and up to k of its permits (less those asked for before) leave this
+-- rate's part from its end.
 local given = 0
 if refund and not wrong and own and not old and at[own] > 0 then
-  local e, s, after = string.match(token, '^([1-9]%d*)%.?(%d*)%.?(%d*)$')
-  s, after = tonumber(s) or 0, tonumber(after) or 0
+  local e, frac, s, after = string.match(token, '^([1-9]%d*)%+?(%d*)%.?(%d*)%.?(%d*)$')
+  frac, s, after = tonumber(frac) or 0, tonumber(s) or 0, tonumber(after) or 0
   local id = e and e + s + after
   local k, j = refund, #ids + 1
   for i = 1, #ids do
     if ids[i] == id then k, j = refund - given_k[i], i end
   end
   if e and s <= shift and id > horizon and k > 0 then
-    local left_us = e - (shift - s) - t
-    if left_us > 0 then
-      given = math.min(k * per, left_us * count, at[own])
+    local left = (e - (shift - s) - t) * count + frac
+    if left > 0 then
+      given = math.min(k * per, left, at[own])
     end
   end
   if given > 0 then
@@ -345,24 +346,25 @@ if granted or given > 0 then
   end
 end
 
--- The grant's token: where its slot ends, the shift, and what follows it.
+-- The grant's token: where its slot ends (µs, and ticks past them), the
+-- shift, and what of other rates follows it.
 if granted then
-  local e, after = t, 0
+  local e, frac, after = t, at[own] % count, 0
   for i = 1, #at do
     if i < own then
       e = e + ceil_div(at[i], counts[i])
     elseif i == own then
-      e = e + (at[i] - at[i] % counts[i]) / counts[i]
+      e = e + (at[i] - frac) / count
     else
       after = after + (at[i] - at[i] % counts[i]) / counts[i]
     end
   end
+  reply_token = string.format('%d', e)
+  if frac > 0 then reply_token = reply_token .. string.format('+%d', frac) end
   if after > 0 then
-    reply_token = string.format('%d.%d.%d', e, shift, after)
+    reply_token = reply_token .. string.format('.%d.%d', shift, after)
   elseif shift > 0 then
-    reply_token = string.format('%d.%d', e, shift)
-  else
-    reply_token = string.format('%d', e)
+    reply_token = reply_token .. string.format('.%d', shift)
   end
 end
 
