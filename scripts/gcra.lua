@@ -29,18 +29,18 @@
 -- never, stable -1 = until reset; the token names a grant, for refunds).
 -- A refund replies "1 remaining 0 reset 0 -1 given".
 
--- Literal patterns are built once, when the script loads; TAG, set by the
--- file before this one, is part of them. The short form is tried first.
-local TIME = '([1-9]' .. string.rep('%d', 15) .. ')'
-local SHORT = '^' .. TIME .. '([1-9]%d*)' .. TAG .. '$'
-local LONG = '^' .. TIME .. ' (.-) ' .. TAG .. '$'
+-- Literal patterns, so that a call does not build them; the tag is
+-- captured and compared with TAG, which the file before this one sets. The
+-- short form is tried first.
+local SHORT = '^([1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)([1-9]%d*)(%d)$'
+local LONG = '^([1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) (.-) (%d)$'
 local PART = '^(%d+)/([1-9]%d*)/([1-9]%d*)$'
 local REFUNDS = '^(%d+)%+(%d+)$'
 local RECORD = '^([1-9]%d*):([1-9]%d*)$'
 -- Formats 2 and 3, released: a time the bucket is empty, and no key time.
-local OLD_WHOLE = '^' .. TIME .. TAG .. '$'
-local OLD_FRACTION = '^' .. TIME .. TAG .. '%+([1-9]%d*)/([1-9]%d*)$'
-local OLD_LONG = '^' .. TIME .. ' (%d+) ([1-9]%d*) ([1-9]%d*) ([1-9]%d*) ' .. TAG .. '$'
+local OLD_WHOLE = '^([1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)(%d)$'
+local OLD_FRACTION = '^([1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)(%d)%+([1-9]%d*)/([1-9]%d*)$'
+local OLD_LONG = '^([1-9]%d+) (%d+) ([1-9]%d*) ([1-9]%d*) ([1-9]%d*) (%d)$'
 local NOT_OURS = 'NOTOURS holds %s, not redlimit state; it was left unchanged'
 local MAX_PARTS, MAX_RECORDS = 2, 16
 -- Another rate's level is converted in doubles, rounded up by a margin far
@@ -77,7 +77,7 @@ local capacity, per, count = ARGV[3] + 0, ARGV[4] + 0, ARGV[5] + 0
 local full, shared = capacity * per, ARGV[6] == '1'
 local full_us = ceil_div(full, count)
 local n, refund, token = tonumber(ARGV[2]), nil, ''
-if string.sub(ARGV[2], 1, 1) == '-' then
+if not n then
   n, refund, token = 0, string.match(ARGV[2], '^%-([1-9]%d*):(.*)$')
   refund, token = tonumber(refund) or 0, token or ''
 end
@@ -87,29 +87,33 @@ end
 -- without state is a level of 0 at now.
 local r = now
 local level, counts, pers = {}, {}, {}
-local shift, horizon, ids, given_k = 0, 0, {}, {}
+local shift, horizon, ids, given_k = 0, 0, nil, nil -- ids: once refunded
 local value = redis.pcall('GET', KEYS[1])
 local old = false -- format 2 or 3: no key time; the level is taken at now
 if value then
   if type(value) ~= 'string' then
     return not_ours('another type than ' .. WHAT)
   end
-  local l, us, num, den, c, p, cap
-  r, l = string.match(value, SHORT)
-  if r then
+  local l, tag, us, num, den, c, p, cap
+  r, l, tag = string.match(value, SHORT)
+  if r and tag == TAG then
     level[1], counts[1], pers[1] = l + 0, count, per
   else
     -- A released format: the level at now, at the writer's rate, read as
     -- it always was; a level above the writer's full bucket is full.
-    us, num, den = string.match(value, OLD_FRACTION)
-    if not us then us = string.match(value, OLD_WHOLE) end
+    r = nil
+    us, tag, num, den = string.match(value, OLD_FRACTION)
+    if not us then us, tag = string.match(value, OLD_WHOLE) end
     if us then
       if den and num + 0 >= den + 0 then us = nil end
       c, p, cap = count, per, capacity
       num = den and ceil_div(num * count, den) or 0
     else
-      us, num, c, p, cap = string.match(value, OLD_LONG)
-      if us and num + 0 >= c + 0 then us = nil end
+      us, num, c, p, cap, tag = string.match(value, OLD_LONG)
+      if us and (#us ~= 16 or num + 0 >= c + 0) then us = nil end
+    end
+    if us and tag ~= TAG then
+      return not_ours('a value that is not ' .. WHAT)
     end
     if us then
       old, r = true, now
@@ -122,16 +126,17 @@ if value then
       end
     else
       local rest
-      r, rest = string.match(value, LONG)
+      r, rest, tag = string.match(value, LONG)
+      if tag ~= TAG then rest = nil end
       for field in string.gmatch(rest or '', '%S+') do
         local a, b, d = string.match(field, PART)
         local i = #level + 1
-        if a and #ids == 0 and shift == 0 and i <= MAX_PARTS then
+        if a and shift == 0 and i <= MAX_PARTS then
           level[i], counts[i], pers[i] = a + 0, b + 0, d + 0
         else
           a, b = string.match(field, REFUNDS)
           if a and #level > 0 and shift == 0 and a + 0 > 0 then
-            shift, horizon = a + 0, b + 0
+            shift, horizon, ids, given_k = a + 0, b + 0, {}, {}
           else
             a, b = string.match(field, RECORD)
             if not a or shift == 0 or #ids == MAX_RECORDS then
@@ -227,34 +232,38 @@ end
 local granted = allowed == 1 and n > 0
 
 -- Apply a grant: the parts at t become the state at r = t; n permits join
--- this rate's part, placed by its rate (slowest first). A bucket that
--- has been empty for longer than the refunds' shift starts afresh: no
--- earlier grant's slot can reach past now any more. Three rates merge the two other than this one into the slower of them,
--- so their permits drain later, never sooner.
-local reply_token
+-- this rate's part, placed by its rate (slowest first); drained parts go.
+-- Three rates merge the two other than this one into the slower of them,
+-- so that their permits drain later, never sooner. A bucket empty for
+-- longer than the refunds' shift starts afresh: no earlier grant's slot
+-- can reach past now any more. (A key of this rate alone takes none of
+-- these ways.)
 if granted then
   if used == 0 and t >= drained_at + shift then
-    shift, horizon, ids, given_k = 0, 0, {}, {}
+    shift, horizon, ids, given_k = 0, 0, nil, nil
   end
-  local keep_at, keep_counts, keep_pers = {}, {}, {}
-  for i = 1, #at do
-    if at[i] > 0 or i == own then
-      local j = #keep_at + 1
-      keep_at[j], keep_counts[j], keep_pers[j] = at[i], counts[i], pers[i]
-      if i == own then own = j end
+  if #at > 1 or not own then
+    local keep_at, keep_counts, keep_pers = {}, {}, {}
+    for i = 1, #at do
+      if at[i] > 0 or i == own then
+        local j = #keep_at + 1
+        keep_at[j], keep_counts[j], keep_pers[j] = at[i], counts[i], pers[i]
+        if i == own then own = j end
+      end
     end
-  end
-  at, counts, pers = keep_at, keep_counts, keep_pers
-  if not own then
-    own = #at + 1
-    for i = #at, 1, -1 do
-      if counts[i] * per > count * pers[i] then own = i end
+    at, counts, pers = keep_at, keep_counts, keep_pers
+    if not own then
+      own = #at + 1
+      for i = #at, 1, -1 do
+        if counts[i] * per > count * pers[i] then own = i end
+      end
+      table.insert(at, own, 0)
+      table.insert(counts, own, count)
+      table.insert(pers, own, per)
     end
-    table.insert(at, own, 0)
-    table.insert(counts, own, count)
-    table.insert(pers, own, per)
   end
   at[own] = at[own] + n * per
+  used = used + n * per
   if #at > MAX_PARTS then
     local a, b = 1, 2
     if own == 1 then a, b = 2, 3 elseif own == 2 then a, b = 1, 3 end
@@ -263,10 +272,10 @@ if granted then
     table.remove(counts, b)
     table.remove(pers, b)
     if own > b then own = own - 1 end
+    used = 0
+    for i = 1, #at do used = used + ticks(i, at[i]) end
   end
   r, level = t, at
-  used = 0
-  for i = 1, #at do used = used + ticks(i, at[i]) end
 end
 
 -- Refund: the grant's permits occupy a slot of the key's timeline that
@@ -281,6 +290,7 @@ if refund and not wrong and own and not old and at[own] > 0 then
   local e, frac, s, after = string.match(token, '^([1-9]%d*)%+?(%d*)%.?(%d*)%.?(%d*)$')
   frac, s, after = tonumber(frac) or 0, tonumber(s) or 0, tonumber(after) or 0
   local id = e and e + s + after
+  ids, given_k = ids or {}, given_k or {}
   local k, j = refund, #ids + 1
   for i = 1, #ids do
     if ids[i] == id then k, j = refund - given_k[i], i end
@@ -346,28 +356,6 @@ if granted or given > 0 then
   end
 end
 
--- The grant's token: where its slot ends (µs, and ticks past them), the
--- shift, and what of other rates follows it.
-if granted then
-  local e, frac, after = t, at[own] % count, 0
-  for i = 1, #at do
-    if i < own then
-      e = e + ceil_div(at[i], counts[i])
-    elseif i == own then
-      e = e + (at[i] - frac) / count
-    else
-      after = after + (at[i] - at[i] % counts[i]) / counts[i]
-    end
-  end
-  reply_token = string.format('%d', e)
-  if frac > 0 then reply_token = reply_token .. string.format('+%d', frac) end
-  if after > 0 then
-    reply_token = reply_token .. string.format('.%d.%d', shift, after)
-  elseif shift > 0 then
-    reply_token = reply_token .. string.format('.%d', shift)
-  end
-end
-
 -- Reply, for this configuration's capacity. A clock gone wrong reads the
 -- bucket full again on the next call, its durations not counting down:
 -- stable 0, so that no deny cache keeps the answer.
@@ -382,7 +370,30 @@ if wrong then
 elseif remaining < capacity then
   stable = drain_us(used - (capacity - remaining - 1) * per)
 end
-if reply_token then
-  return string.format('%d %d %d %d 0 %d %s', allowed, remaining, retry, reset, stable, reply_token)
+if not granted then
+  return string.format('%d %d %d %d 0 %d', allowed, remaining, retry, reset, stable)
 end
-return string.format('%d %d %d %d 0 %d', allowed, remaining, retry, reset, stable)
+
+-- The grant's token: where its slot ends (µs, and ticks past them), the
+-- shift, and what of other rates follows it: "<end>[+<frac>][.<shift>[.<after>]]".
+local e, frac, after = t, at[own] % count, 0
+for i = 1, #at do
+  if i < own then
+    e = e + ceil_div(at[i], counts[i])
+  elseif i == own then
+    e = e + (at[i] - frac) / count
+  else
+    after = after + (at[i] - at[i] % counts[i]) / counts[i]
+  end
+end
+if frac == 0 and shift == 0 and after == 0 then
+  return string.format('1 %d 0 %d 0 %d %d', remaining, reset, stable, e)
+end
+local token = string.format('%d', e)
+if frac > 0 then token = token .. string.format('+%d', frac) end
+if after > 0 then
+  token = token .. string.format('.%d.%d', shift, after)
+elseif shift > 0 then
+  token = token .. string.format('.%d', shift)
+end
+return string.format('1 %d 0 %d 0 %d %s', remaining, reset, stable, token)
