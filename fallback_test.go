@@ -280,3 +280,29 @@ func TestFallbackReadsLimiterClock(t *testing.T) {
 		})
 	}
 }
+
+// A grant the fallback made refunds into the fallback, on the limiter's
+// clock as it decided: 5 granted, 3 given back, 3 granted again.
+func TestFallbackGrantsRefundOnTheLimitersClock(t *testing.T) {
+	for _, c := range fallbackCases() {
+		t.Run(c.name, func(t *testing.T) {
+			env := redlimittest.New(t)
+			fb, err := c.fallback()
+			require.NoError(t, err)
+			l, err := c.limiter(env.Client(), env.Options(redlimit.WithFallback(fb))...)
+			require.NoError(t, err)
+			ctx := context.Background()
+			env.Server().SetError("simulated outage")
+			r, err := l.AllowN(ctx, "client", 5)
+			require.NoError(t, err)
+			require.True(t, r.Allowed)
+			require.NoError(t, r.Grant.Refund(ctx, 3))
+			r, err = l.AllowN(ctx, "client", 3)
+			require.NoError(t, err)
+			require.True(t, r.Allowed, "the fallback took the 3 back")
+			r, err = l.AllowN(ctx, "client", 1)
+			require.NoError(t, err)
+			require.False(t, r.Allowed, "and no more")
+		})
+	}
+}

@@ -15,7 +15,9 @@ var fixedWindowScript = loadScript("fixedwindow.lua")
 // across the boundary between two windows.
 //
 // Result.ResetAfter is the time until the window closes, and a denied
-// request's RetryAfter is the same.
+// request's RetryAfter is the same. A Result's Grant gives its permits back
+// into the window that counted them while that window is open, and nothing
+// once it has closed; a window emptied by refunds still closes at its end.
 type FixedWindow struct {
 	limiter
 }
@@ -36,12 +38,14 @@ func NewFixedWindow(rdb redis.Scripter, limit int, window time.Duration, opts ..
 	l, err := newLimiter(rdb, spec{
 		algorithm: algorithm,
 		code:      "fw",
-		format:    2,
-		script:    fixedWindowScript,
-		args:      []any{limit, windowUS},
+		// Format 3: a window lasts its stored length for every
+		// configuration, and refunds are kept (docs/internals.md).
+		format: 3,
+		script: fixedWindowScript,
+		args:   []any{limit, windowUS},
 		// With a WithPrefix prefix the window's length is stored, so that
-		// configurations of other lengths sharing a key stay within the
-		// looser one (see scripts/fixedwindow.lua).
+		// every configuration sharing a key reads the window alike (see
+		// scripts/fixedwindow.lua).
 		sharedArgs: []any{1},
 		limits:     []int{limit},
 		windows:    []time.Duration{window},

@@ -13,7 +13,7 @@ import (
 // A default key holds the fixed window's short form: step by step, on
 // either side of a count of 91 (where the value stops being one integer
 // that Redis keeps in the least memory), the Result and the stored value
-// are format 2's, the TTL is never extended, and a full window denies
+// are format 3's (format 2's), the TTL is never extended, and a full window denies
 // until its end without writing.
 func TestFixedWindowShortFormExact(t *testing.T) {
 	t.Parallel()

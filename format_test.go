@@ -11,10 +11,10 @@ import (
 )
 
 // Keys written by the previous released formats (the fixed window's format
-// 2, which is still its own; the buckets' format 2, a level at the
-// reader's own rate, and 3, a level at its writer's rate) under an
-// explicit WithPrefix, where a rolling upgrade meets them, are read as
-// they were. Each case is a value in the exact
+// 2, whose two forms format 3 keeps as they are; the buckets' format 2, a
+// level at the reader's own rate, and 3, a level at its writer's rate)
+// under an explicit WithPrefix, where a rolling upgrade meets them, are
+// read as they were. Each case is a value in the exact
 // shape format 2 wrote, with the TTL it had; the calls decide on it, and
 // the value left behind is the current format's (WithPrefix: the buckets
 // store their rate and capacity).

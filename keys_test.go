@@ -146,7 +146,7 @@ func TestDefaultKeyFingerprint(t *testing.T) {
 // goldenPrefixes are the default prefixes of TestDefaultKeyFingerprint's
 // configurations in this release.
 var goldenPrefixes = map[string]string{
-	"fw": "redlimit:fw:7vja75:",
+	"fw": "redlimit:fw:u7gl87:", // state format 3: a window lasts its stored length; refunds
 	"sw": "redlimit:sw:p0d880:", // state format 9: the key's count in the note's text
 	"sl": "redlimit:sl:d1b2st:", // state format 9
 	"lb": "redlimit:lb:aeleqf:",

@@ -80,6 +80,12 @@ type Result struct {
 // the zero Grant are ErrInvalidArgument, without a round trip.
 // docs/refunds.md tells the whole story, with the bounds.
 //
+// Grant.Release(ctx) ends what the grant holds in flight and keeps what it
+// counted: a Concurrency's leases are released, an AllowAll grant releases
+// the leases of its parts and keeps their other permits (a request done
+// within "100 a minute and 2 in flight" gives back its place in flight,
+// not its minute's permit), and any other grant is left as it is.
+//
 // Grant.N() is the number of permits the grant took; 0 for the zero Grant.
 type Grant = engine.Grant
 
@@ -191,9 +197,10 @@ type options struct {
 // WithPrefix sets the Redis key prefix: the key of a call is exactly
 // prefix + key, and limiters given the same prefix share state on purpose.
 // Without it the prefix is redlimit:<algorithm>:<config>:, where algorithm
-// is fw, sw, sl, lb or tb and config is a 6-character fingerprint of the
-// configuration, so that two limiters that decide differently never meet on
-// a key (each limiter's RedisKey method tells the key of a call).
+// is fw, sw, sl, lb, tb, cc (Concurrency) or cw (CalendarWindow) and
+// config is a 6-character fingerprint of the configuration, so that two
+// limiters that decide differently never meet on a key (each limiter's
+// RedisKey method tells the key of a call).
 func WithPrefix(prefix string) Option {
 	return func(o *options) { o.prefix, o.prefixSet = prefix, true }
 }
@@ -216,18 +223,19 @@ func WithClock(now func() time.Time) Option {
 // microsecond under WithClock; without it, with durations counted from when
 // Redis's answer came back, never shorter than Redis's. This is exact for
 // every algorithm here, since state only recovers with time, except after a
-// Reset, grants, or a clamp written after the clock went back, by another
-// process: the cached denial then keeps its Result of before them until it
-// runs out. A request for more permits than the cached denial, though
-// denied too, goes to Redis: only Redis knows its longer RetryAfter. An
-// allowed request (even one decided while a denial was in flight) or a
-// Reset, through this limiter or any other in this process on the same
-// client and prefix (one WithPrefix, or one configuration), or a clock that
-// went back drops the key's entry; when full, the oldest stored entry goes.
-// Its memory is bounded by about size × 608 bytes whatever the keys' length
-// (keys are copied, so the cache never keeps a larger string alive): keys
-// longer than 256 bytes on average make it keep fewer entries. size <= 0 is
-// ErrInvalidConfig. Default: off.
+// Reset, a refund, grants, or another configuration's write through another
+// limiter (in this process or another): the cached denial then keeps its
+// Result of before them until it runs out. A request for more permits than
+// the cached denial, though denied too, goes to Redis: only Redis knows its
+// longer RetryAfter. An allowed request (even one decided while a denial
+// was in flight), a Reset or a refund through this limiter drops the key's
+// entry; when full, the oldest stored entry goes. The cache belongs to this
+// limiter alone: limiters share nothing in process, so Reset a key through
+// the limiter whose cache should forget it. Its memory is bounded by about
+// size × 608 bytes whatever the keys' length (keys are copied, so the
+// cache never keeps a larger string alive): keys longer than 256 bytes on
+// average make it keep fewer entries. size <= 0 is ErrInvalidConfig.
+// Default: off.
 func WithDenyCache(size int) Option {
 	return func(o *options) { o.denyCache, o.denyCacheSet = size, true }
 }
@@ -250,7 +258,7 @@ func WithName(name string) Option {
 // Decision is what an observer sees of one call.
 type Decision struct {
 	// Algorithm is "fixed_window", "sliding_window", "sliding_log",
-	// "leaky_bucket" or "token_bucket".
+	// "leaky_bucket", "token_bucket", "concurrency" or "calendar_window".
 	Algorithm string
 	// Key is the caller's key, without prefix.
 	Key string
@@ -301,15 +309,21 @@ type limiter struct {
 // spec is what an algorithm's constructor hands newLimiter.
 type spec struct {
 	algorithm string
-	code      string // in the default key: fw, sw, sl, lb or tb
+	code      string // in the default key: fw, sw, sl, lb, tb, cc or cw
 	format    int    // version of the state's layout in Redis, see defaultPrefix
 	script    script
 	args      []any
+	// argsAt gives ARGV before args for a call at a time (see
+	// engine.Config.ArgsAt), and config what argsAt derives them from, in
+	// the fingerprint alone; both nil but for the calendar window.
+	argsAt func(now time.Time) []any
+	config []any
 	// sharedArgs follow args when the limiter has a WithPrefix prefix, and
 	// may share its keys with other configurations; not in the fingerprint.
 	sharedArgs []any
 	limits     []int
 	windows    []time.Duration // Window of each limit, for ViolationStrategyError
+	leases     bool            // grants hold something in flight: Grant.Release refunds them
 }
 
 // defaultPrefix is the key prefix of a limiter without WithPrefix:
@@ -324,6 +338,9 @@ func defaultPrefix(s spec) string {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%s|%d", s.code, s.format)
 	for _, a := range s.args {
+		fmt.Fprintf(h, "|%v", a)
+	}
+	for _, a := range s.config {
 		fmt.Fprintf(h, "|%v", a)
 	}
 	// 30 bits: two given configurations meet with odds of one in a billion.
@@ -373,17 +390,19 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 		Script:    s.script.Script,
 		Source:    s.script.source,
 		Args:      args,
+		ArgsAt:    s.argsAt,
 		Policies:  len(s.limits),
 		Clock:     o.clock,
 		DenyCache: o.denyCache,
 		Capacity:  slices.Min(s.limits),
+		Leases:    s.leases,
 	}
 	if err := o.outage.configure(s.algorithm, rdb, &cfg); err != nil {
 		return limiter{}, err
 	}
 	if fn := o.observer; fn != nil {
 		cfg.Observe = func(ev engine.Event) {
-			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.Fallback != nil, Cause: ev.Reply.Cause, Shadow: IsShadow(ev.Ctx), Refund: ev.Refund, Limiter: o.name}
+			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.FromFallback, Cause: ev.Reply.Cause, Shadow: IsShadow(ev.Ctx), Refund: ev.Refund, Limiter: o.name}
 			if ev.Err == nil {
 				d.Result = l.result(ev.Reply, ev.Key, ev.N)
 			}
@@ -409,8 +428,8 @@ func isNilPointer(v any) bool {
 // result is the Result of a reply to n permits on key: the fallback's own,
 // or the script's, with the Grant its token names.
 func (l *limiter) result(r engine.Reply, key string, n int) Result {
-	if res, ok := r.Fallback.(Result); ok {
-		return res
+	if r.FromFallback {
+		return Result{Allowed: r.Allowed, Limit: r.Limit, Remaining: int(r.Remaining), RetryAfter: r.RetryAfter, ResetAfter: r.ResetAfter, Grant: r.Grant}
 	}
 	res := Result{
 		Allowed:    r.Allowed,
@@ -441,8 +460,8 @@ func (l *limiter) TryAcquire(ctx context.Context, key string) error {
 	if r.Allowed {
 		return nil
 	}
-	if res, ok := r.Fallback.(Result); ok {
-		return l.fallbackDenial(res) // unavailable.go
+	if r.FromFallback {
+		return l.fallbackDenial(l.result(r, key, 1)) // unavailable.go
 	}
 	return &ViolationStrategyError{Limit: l.limits[r.Strategy], Window: l.windows[r.Strategy], RetryAfter: r.RetryAfter}
 }

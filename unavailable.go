@@ -2,7 +2,6 @@ package redlimit
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"time"
 
@@ -18,7 +17,7 @@ import (
 // hold), and has a method RetryAfter() time.Duration: the time until the
 // breaker lets a call probe Redis again. A Redis failure that did not go
 // through an open breaker is returned as it is and does not match.
-var ErrUnavailable = errors.New("redlimit: Redis unavailable")
+var ErrUnavailable = engine.ErrUnavailable
 
 // Default circuit breaker settings: see BreakerConfig.
 const (
@@ -291,7 +290,6 @@ func (o outageOptions) configure(algorithm string, rdb redis.Scripter, cfg *engi
 		b, _ := NewBreaker(BreakerConfig{})
 		cfg.Breaker = b.b
 	}
-	cfg.Unavailable = ErrUnavailable
 	if fb := o.fallback; fb != nil {
 		clock := cfg.Clock
 		cfg.Fallback = func(ctx context.Context, key string, n int) (engine.Reply, error) {
@@ -302,12 +300,18 @@ func (o outageOptions) configure(algorithm string, rdb redis.Scripter, cfg *engi
 			if err != nil {
 				return engine.Reply{}, err
 			}
+			if clock != nil && r.Grant.N() > 0 {
+				// Its refunds decide on this limiter's clock too.
+				r.Grant = engine.NewGrant(&clockedGrant{grant: r.Grant, clock: clock}, key, r.Grant.N(), "")
+			}
 			return engine.Reply{
-				Allowed:    r.Allowed,
-				Remaining:  int64(r.Remaining),
-				RetryAfter: r.RetryAfter,
-				ResetAfter: r.ResetAfter,
-				Fallback:   r,
+				Allowed:      r.Allowed,
+				Remaining:    int64(r.Remaining),
+				RetryAfter:   r.RetryAfter,
+				ResetAfter:   r.ResetAfter,
+				FromFallback: true,
+				Limit:        r.Limit,
+				Grant:        r.Grant,
 			}, nil
 		}
 	}
@@ -372,4 +376,22 @@ func (l *limiter) fallbackDenial(r Result) error {
 		}
 	}
 	return &ViolationStrategyError{Limit: r.Limit, Window: window, RetryAfter: r.RetryAfter}
+}
+
+// clockedGrant refunds a grant of the fallback on the limiter's clock
+// (WithClock), as its decision was: an inmem limiter without a clock of
+// its own then gives back at the time the fake clock reads.
+type clockedGrant struct {
+	grant Grant
+	clock func() time.Time
+}
+
+// RefundGrant refunds n permits of the fallback's grant.
+func (c *clockedGrant) RefundGrant(ctx context.Context, _, _ string, _, n int) error {
+	return c.grant.Refund(engine.WithLimiterNow(ctx, c.clock()), n)
+}
+
+// ReleaseGrant releases the fallback's grant's leases, if it holds any.
+func (c *clockedGrant) ReleaseGrant(ctx context.Context, _, _ string, _ int) error {
+	return c.grant.Release(engine.WithLimiterNow(ctx, c.clock()))
 }

@@ -30,6 +30,15 @@
 // open) nor makes a healthy Redis look failed to the limiter's circuit
 // breaker, and a call whose deadline has passed is decided all the same.
 //
+// # Refunds
+//
+// WithRefundIf gives back what a call took when its status code says it
+// should not count (codes.Internal, say), Settle lets a handler whose cost
+// is known only at the end take the most up front and give back the rest,
+// and an interceptor whose inner neighbour denies a call gives back what
+// it took: no limit is charged for a refused call. What a call gets back
+// is the most any of them asked for, never more than it took.
+//
 // # Shadow mode
 //
 // WithShadow decides and counts every call, tells observers

@@ -94,6 +94,8 @@ type config struct {
 	onError    func(ctx context.Context, fullMethod string, err error)
 	onDenied   func(ctx context.Context, fullMethod string, res redlimit.Result, enforced bool)
 	shadow     bool
+	refundIf   func(code codes.Code) bool
+	keepAlive  time.Duration // WithKeepAlive's; -1: invalid
 }
 
 // WithKeyFunc sets how a call's key is found. Default: PeerIP.
@@ -178,6 +180,8 @@ func newLimiter(l redlimit.Limiter, opts []Option) *limiter {
 		panic("grpclimit: WithCost(nil)")
 	case c.timeout <= 0:
 		panic(fmt.Sprintf("grpclimit: WithTimeout(%v): must be positive", c.timeout))
+	case c.keepAlive < 0:
+		panic("grpclimit: WithKeepAlive: the interval must be positive")
 	}
 	return &limiter{cfg: c, l: l}
 }
@@ -191,18 +195,27 @@ func isNilPointer(v any) bool {
 	return false
 }
 
-// check decides one call: nil lets it through, else a status error. In
-// shadow mode every call goes through.
-func (lim *limiter) check(ctx context.Context, method string) error {
-	err := lim.decide(ctx, method)
+// check decides one call: nil lets it through, with the Grant of what it
+// took (the zero Grant when it took nothing or went through undecided),
+// else a status error. In shadow mode every call goes through. A denial
+// marks the call's flight, so that the interceptors around this one give
+// back what they took.
+func (lim *limiter) check(ctx context.Context, method string) (redlimit.Grant, error) {
+	g, err := lim.decide(ctx, method)
 	if err != nil && lim.cfg.shadow {
-		return nil
+		return g, nil
 	}
-	return err
+	if err != nil && status.Code(err) == codes.ResourceExhausted {
+		if f, _ := ctx.Value(flightKey{}).(*flight); f != nil {
+			f.denied = true
+		}
+	}
+	return g, err
 }
 
 // decide is check as enforced.
-func (lim *limiter) decide(ctx context.Context, method string) error {
+func (lim *limiter) decide(ctx context.Context, method string) (redlimit.Grant, error) {
+	var none redlimit.Grant
 	c := &lim.cfg
 	key, err := c.keyFunc(ctx, method)
 	if err == nil && key == "" {
@@ -211,14 +224,14 @@ func (lim *limiter) decide(ctx context.Context, method string) error {
 	if err != nil {
 		lim.tell(ctx, method, err)
 		if errors.Is(err, ErrMissingKey) {
-			return status.Error(codes.InvalidArgument, "missing rate limit key")
+			return none, status.Error(codes.InvalidArgument, "missing rate limit key")
 		}
-		return status.Error(codes.Internal, "no rate limit key")
+		return none, status.Error(codes.Internal, "no rate limit key")
 	}
 	cost := c.cost(ctx, method)
 	if cost < 0 {
 		lim.tell(ctx, method, fmt.Errorf("grpclimit: cost %d is negative", cost))
-		return status.Error(codes.Internal, "bad request cost")
+		return none, status.Error(codes.Internal, "bad request cost")
 	}
 	// The client's grpc-timeout plays no part: see WithTimeout.
 	decideCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
@@ -232,28 +245,28 @@ func (lim *limiter) decide(ctx context.Context, method string) error {
 		if errors.Is(err, redlimit.ErrInvalidArgument) {
 			// A key the limiter refuses (longer than 1024 bytes, say) is
 			// the caller's input: never a reason to fail open.
-			return status.Error(codes.InvalidArgument, "invalid rate limit key")
+			return none, status.Error(codes.InvalidArgument, "invalid rate limit key")
 		}
 		if !c.failClosed {
-			return nil
+			return none, nil
 		}
 		st := status.New(codes.Unavailable, "rate limiter unavailable")
 		var hint interface{ RetryAfter() time.Duration }
 		if errors.As(err, &hint) && hint.RetryAfter() > 0 {
 			st = withRetry(st, hint.RetryAfter())
 		}
-		return st.Err()
+		return none, st.Err()
 	}
 	if res.Allowed {
-		return nil
+		return res.Grant, nil
 	}
 	if c.onDenied != nil {
 		c.onDenied(ctx, method, res, !c.shadow)
 	}
 	if res.RetryAfter == redlimit.Never {
-		return status.Errorf(codes.ResourceExhausted, "request exceeds the rate limit of %d", res.Limit)
+		return none, status.Errorf(codes.ResourceExhausted, "request exceeds the rate limit of %d", res.Limit)
 	}
-	return withRetry(status.New(codes.ResourceExhausted, "rate limit exceeded"), res.RetryAfter).Err()
+	return none, withRetry(status.New(codes.ResourceExhausted, "rate limit exceeded"), res.RetryAfter).Err()
 }
 
 // withRetry adds a RetryInfo detail to st.
@@ -282,11 +295,22 @@ func (lim *limiter) tell(ctx context.Context, method string, err error) {
 // option: programming errors, caught at start-up.
 func UnaryServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.UnaryServerInterceptor {
 	lim := newLimiter(l, opts)
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if err := lim.check(ctx, info.FullMethod); err != nil {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+		ctx, f := inFlight(ctx)
+		g, err := lim.check(ctx, info.FullMethod)
+		if err != nil {
 			return nil, err
 		}
-		return handler(ctx, req)
+		if g.N() == 0 {
+			return handler(ctx, req)
+		}
+		ch := lim.charge(ctx, info.FullMethod, g)
+		f.innermost = ch
+		returned := false
+		defer func() { lim.settleCall(ctx, info.FullMethod, f, ch, err, returned) }()
+		resp, err = handler(ctx, req)
+		returned = true
+		return resp, err
 	}
 }
 
@@ -295,10 +319,31 @@ func UnaryServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.UnaryServer
 // UnaryServerInterceptor.
 func StreamServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.StreamServerInterceptor {
 	lim := newLimiter(l, opts)
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if err := lim.check(ss.Context(), info.FullMethod); err != nil {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+		ctx, f := inFlight(ss.Context())
+		g, err := lim.check(ctx, info.FullMethod)
+		if err != nil {
 			return err
 		}
-		return handler(srv, ss)
+		if g.N() == 0 {
+			return handler(srv, contextStream{ss, ctx})
+		}
+		ch := lim.charge(ctx, info.FullMethod, g)
+		f.innermost = ch
+		returned := false
+		defer func() { lim.settleCall(ctx, info.FullMethod, f, ch, err, returned) }()
+		err = handler(srv, contextStream{ss, ctx})
+		returned = true
+		return err
 	}
+}
+
+// charge returns the charge of a call granted g: for a limiter whose
+// grants are leases, one that holds them until the call ends.
+func (lim *limiter) charge(ctx context.Context, method string, g redlimit.Grant) *charge {
+	ch := &charge{grant: g}
+	if l, ok := lim.l.(leaser); ok {
+		ch.release = lim.holdLease(ctx, method, l, ch)
+	}
+	return ch
 }

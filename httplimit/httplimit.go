@@ -98,6 +98,7 @@ type config struct {
 	plans         []Plan
 	now           func() time.Time // for X-RateLimit-Reset
 	refundIf      func(r *http.Request, status int) bool
+	keepAlive     time.Duration // WithKeepAlive's; -1: invalid
 }
 
 // WithKeyFunc sets how a request's key is found. Default: ClientIP(), the
@@ -306,6 +307,8 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 		panic(fmt.Sprintf("httplimit: WithTimeout(%v): must be positive", c.timeout))
 	case c.plans != nil && c.choose == nil:
 		panic("httplimit: WithPlans: nil choose")
+	case c.keepAlive < 0:
+		panic("httplimit: WithKeepAlive: the interval must be positive")
 	}
 	switch c.quotaUnit {
 	case "", "requests", "content-bytes", "concurrent-requests":
@@ -359,8 +362,12 @@ func (c *config) newPolicy(name string, l redlimit.Limiter, windowSeconds int64)
 		panic(fmt.Sprintf("httplimit: policy name %q: %v", name, err))
 	}
 	p := policy{limiter: l, quotedName: quoted}
-	if c.quotaUnit != "" {
-		p.params += `;qu="` + c.quotaUnit + `"`
+	unit := c.quotaUnit
+	if _, ok := l.(leaser); ok && unit == "" {
+		unit = "concurrent-requests" // what a lease counts
+	}
+	if unit != "" {
+		p.params += `;qu="` + unit + `"`
 	}
 	if windowSeconds > 0 {
 		p.params += ";w=" + strconv.FormatInt(windowSeconds, 10)
@@ -461,6 +468,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		ch := &charge{grant: res.Grant, timeout: c.timeout}
+		ch.lease, _ = p.limiter.(leaser)
 		f.innermost = ch
 		h.serveCharged(w, r, f, ch)
 		return

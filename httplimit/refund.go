@@ -82,12 +82,13 @@ type flight struct {
 type charge struct {
 	grant   redlimit.Grant
 	timeout time.Duration // the middleware's decision deadline
+	lease   leaser        // the limiter, when its grants are leases
 }
 
 // serveCharged calls the next handler for a request granted with ch, and
 // gives ch back when a middleware inside denied the request, or when the
-// response says it should not count (WithRefundIf). A panic counts as a
-// 500, and goes on after the refund.
+// response says it should not count (WithRefundIf), or, for a lease, when
+// the handler ends. A panic counts as a 500, and goes on after the refund.
 func (h *handler) serveCharged(w http.ResponseWriter, r *http.Request, f *flight, ch *charge) {
 	refundIf := h.cfg.refundIf
 	var rec *statusWriter
@@ -95,9 +96,15 @@ func (h *handler) serveCharged(w http.ResponseWriter, r *http.Request, f *flight
 		rec = &statusWriter{ResponseWriter: w}
 		w = rec
 	}
+	var hd *holding
+	if ch.lease != nil {
+		hd = h.hold(r, ch.lease, ch)
+	}
 	returned := false
 	defer func() {
 		switch {
+		case hd != nil:
+			hd.release(h, r) // what is in flight ends with the request
 		case f.denied:
 			h.refund(r, ch.grant, ch.grant.N())
 		case refundIf != nil:

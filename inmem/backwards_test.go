@@ -121,8 +121,8 @@ func backwardsN(rng *rand.Rand) int {
 	}
 }
 
-// withoutGrant is r without its Grant, to compare with a Result that names
-// no grant (a model's) or another limiter's grant.
+// withoutGrant is r without its Grant, to compare Results of limiters that
+// name grants differently (a model's, the script's and this package's).
 func withoutGrant(r redlimit.Result) redlimit.Result {
 	r.Grant = redlimit.Grant{}
 	return r

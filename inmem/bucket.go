@@ -71,14 +71,11 @@ type bucketState struct {
 	level   int64 // ticks at keyUS
 	shift   int64 // µs refunds moved the grants after theirs earlier, rounded up
 	horizon int64 // grants named at or before it give nothing back
-	refunds []refundRecord
+	refunds []bucketRefund
 }
 
-// refundRecord is how many permits a grant's refunds asked for in all.
-type refundRecord struct{ id, k int64 }
-
-// maxRefundRecords bounds the records a key keeps, as the scripts do.
-const maxRefundRecords = 16
+// bucketRefund is how many permits a grant's refunds asked for in all.
+type bucketRefund struct{ id, k int64 }
 
 var _ engine.Refunder = (*bucket)(nil)
 
@@ -241,7 +238,7 @@ func (b *bucket) refund(s *bucketState, now int64, token string, k int64) int64 
 	s.level -= given
 	s.shift += ceilDiv(given, b.count)
 	if at == len(s.refunds) {
-		s.refunds = append(s.refunds, refundRecord{id: id})
+		s.refunds = append(s.refunds, bucketRefund{id: id})
 	}
 	s.refunds[at].k = k
 	if len(s.refunds) > maxRefundRecords {

@@ -3,28 +3,43 @@
 --
 -- KEYS[1]  the key
 -- ARGV[1]  now      Unix time (µs), or "" for the server's TIME
--- ARGV[2]  n        permits asked for (>= 0)
+-- ARGV[2]  n        permits asked for (>= 0), or "-<k>:<token>": a refund
+--                   of the grant a reply named <token>, until k of its
+--                   permits in all have been given back
 -- ARGV[3]  limit    permits per window
 -- ARGV[4]  window   window length (µs)
 -- ARGV[5]  shared   "1" under WithPrefix: the window's length is stored
 --
 -- All times are integer µs. The state is a string with a TTL
--- (docs/internals.md), `end` with 16 digits and 3 the fixed window's tag:
+-- (docs/internals.md, format 3), `end` with 16 digits and 3 the fixed
+-- window's tag:
 --   "<count><end>3"          a window of this configuration's length (up to
 --                            a count of 91 one integer: the least memory)
 --   "<count> <end> <len> 3"  a window of len µs, of any configuration
--- Every configuration reads a window as lasting at least its own length
--- from its start and applies its own limit to the count; a grant in a
--- window shorter than its own stretches it to its own length. Denials and
--- n == 0 write nothing, unless the clock went back.
+--   "<count> <end> <len> <given> <horizon>[ <at>:<back>]* 3"
+--                            a window some refund gave <given> back in:
+--                            the grant whose permits ended at position <at>
+--                            (1 = the window's first) gave back <back>;
+--                            grants at or before <horizon> give nothing
+-- A window lasts len for every configuration: len is the longest window of
+-- those that granted in it. The key's time is the window's start: a call
+-- whose clock reads earlier decides at it, and one more than a window
+-- earlier is a clock gone wrong, which reads the window as opened now.
+-- Denials, n == 0 and refunds that give nothing write nothing.
 --
--- Reply: "allowed remaining retry reset 0 -1" (µs; retry -1 = never).
+-- Reply: "allowed remaining retry reset 0 stable[ token]" (µs; retry -1 =
+-- never; stable -1, or 0 for a clock gone wrong); the token,
+-- "<start>.<at>.<n>", only for a grant. A refund replies
+-- "1 remaining 0 reset 0 -1 given".
 
 -- Literal patterns are built once, when the script loads. The short form's
 -- count is matched shortest first (%d-): its end's 16 digits are then found
 -- in a step or two, where %d* would back off digit by digit from the end.
 local SHORT = '^([1-9]%d-)([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)3$'
 local LONG = '^([1-9]%d*) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) ([1-9]%d*) 3$'
+local REFUNDED = '^(%d+) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) ([1-9]%d*) ([1-9]%d*) (%d+)(.*) 3$'
+local RECORD = ' ([1-9]%d*):([1-9]%d*)'
+local MAX_RECORDS = 16
 local NOT_OURS = 'NOTOURS holds %s, not redlimit state; it was left unchanged'
 
 -- set_keeping_ttl writes a grant that left the window's end where it was:
@@ -39,15 +54,20 @@ end
 -- steps used once are not functions.
 
 -- The clock: the caller's, or the server's.
-local now, n = tonumber(ARGV[1]), ARGV[2] + 0
+local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
 end
 local limit, window = ARGV[3] + 0, ARGV[4] + 0
+local refund_k, token = string.match(ARGV[2], '^%-([1-9]%d*):(.*)$')
+local n = 0
+if not refund_k then n = ARGV[2] + 0 end
 
--- Read the state: count, start, len (count 0: no window).
-local count, start, len = 0, 0, window
+-- Read the state: count, start, len, and what refunds gave back (given,
+-- horizon, records: the text of the <at>:<back> pairs). No value: no
+-- window.
+local count, start, len, given, horizon, records = 0, 0, window, 0, 0, ''
 local value = redis.pcall('GET', KEYS[1])
 if value then
   if type(value) ~= 'string' then
@@ -57,66 +77,118 @@ if value then
   count, window_end = string.match(value, SHORT)
   if not count then count, window_end, len = string.match(value, LONG) end
   if not count then
+    count, window_end, len, given, horizon, records = string.match(value, REFUNDED)
+    if count and string.gsub(records, RECORD, '') ~= '' then count = nil end
+  end
+  if not count then
     return redis.error_reply(string.format(NOT_OURS, 'a string that is not a fixed window'))
   end
-  count, len = count + 0, len + 0
+  count, len, given, horizon = count + 0, len + 0, given + 0, horizon + 0
   start = window_end - len
 end
 
--- Advance: the window closes, for this configuration, at the later of its
--- end and its start plus this configuration's length. It never starts
--- after now: the clock went back, and it is moved to start now, as
--- internal/model does, and written even by a denial, so that no key is
--- locked out longer than a window. Our keys always carry a TTL: a closed
--- or moved window is ours only if its key has one.
-local view_end = start + len
-if start + window > view_end then view_end = start + window end
-local clamped = count > 0 and start > now
-if count > 0 and (clamped or view_end <= now) and redis.call('PTTL', KEYS[1]) < 0 then
+-- The key's time: t = max(now, start), the window's start being the latest
+-- time the key recorded. A start more than a window ahead of now is a
+-- clock gone wrong: decide at now, reading the window as opened now, so
+-- that all it holds counts as used for at most its length; a grant then
+-- writes it on now's timeline, and the old window's grants give nothing
+-- back. Our keys always carry a TTL: a closed or moved window is ours only
+-- if its key has one.
+local t, moved = now, false
+if value and start - now > math.max(window, len) then
+  start, moved, given, horizon, records = now, true, 0, 0, ''
+elseif start > now then
+  t = start
+end
+local open = value and t < start + len
+if value and (moved or not open) and redis.call('PTTL', KEYS[1]) < 0 then
   return redis.error_reply(string.format(NOT_OURS, 'a value without a TTL'))
 end
-if clamped then
-  view_end = view_end - start + now
-  start = now
-elseif view_end <= now then
-  count = 0
+if not open then count = 0 end
+
+-- A refund: give back into the window the token names, while it is open
+-- and on the key's timeline, what the grant took and has not given back
+-- yet, at most once (the records), then reply as n == 0 would.
+if refund_k then
+  local back = 0
+  local token_start, at, took = string.match(token, '^(%d+)%.([1-9]%d*)%.([1-9]%d*)$')
+  at, took = tonumber(at), tonumber(took)
+  if open and not moved and token_start and token_start + 0 == start
+      and at > horizon and at <= count + given and took <= at then
+    local kept, list = 0, {}
+    for record_at, record_back in string.gmatch(records, RECORD) do
+      record_at, record_back = record_at + 0, record_back + 0
+      if record_at == at then kept = record_back else list[#list + 1] = {record_at, record_back} end
+    end
+    back = math.min(refund_k + 0, took) - kept
+    if back > count then back = count end
+    if back > 0 then
+      count, given = count - back, given + back
+      list[#list + 1] = {at, kept + back}
+      -- Bounded: the records of at most MAX_RECORDS grants. The oldest
+      -- one's goes, and the horizon says it gives nothing more.
+      table.sort(list, function(a, b) return a[1] < b[1] end)
+      if #list > MAX_RECORDS then
+        horizon = math.max(horizon, list[1][1])
+        table.remove(list, 1)
+      end
+      local parts = {}
+      for i, record in ipairs(list) do parts[i] = string.format(' %d:%d', record[1], record[2]) end
+      set_keeping_ttl(string.format('%d %d %d %d %d%s 3',
+        count, start + len, len, given, horizon, table.concat(parts)))
+    else
+      back = 0
+    end
+  end
+  local reset = 0
+  if open then reset = start + len - t end
+  return string.format('1 %d 0 %d 0 -1 %d', math.max(0, limit - count), reset, back)
 end
 
--- Decide and apply.
+-- Decide and apply. A grant that finds no window open opens one at t; a
+-- grant in a window shorter than its own lengthens it to its own.
 local allowed, retry, same_end = 0, 0, false
 if n > limit then
   retry = -1
 elseif n == 0 then
   allowed = 1
-elseif count == 0 then
-  allowed, count, start, len, view_end = 1, n, now, window, now + window
+elseif not open then
+  allowed, count, start, len, t = 1, n, t, window, t
+  given, horizon, records = 0, 0, ''
 elseif count + n <= limit then
-  same_end = not clamped and view_end == start + len
-  allowed, count, len = 1, count + n, view_end - start
+  same_end = not moved and window <= len
+  allowed, count, len = 1, count + n, math.max(len, window)
 else
-  retry = view_end - now
+  retry = start + len - t
 end
 
--- Write: grants, and a window the clock moved.
+-- Write: grants only.
 local granted = allowed == 1 and n > 0
-if granted or clamped then
-  if ARGV[5] == '1' or len ~= window then
+if granted then
+  if given > 0 or horizon > 0 then
+    value = string.format('%d %d %d %d %d%s 3', count, start + len, len, given, horizon, records)
+  elseif ARGV[5] == '1' or len ~= window then
     value = string.format('%d %d %d 3', count, start + len, len)
   else
     value = string.format('%d%d3', count, start + len)
   end
-  -- The key lives until the window ends: ms, rounded up (exact in doubles).
   if same_end then
     set_keeping_ttl(value)
-  elseif granted then
-    redis.call('SET', KEYS[1], value, 'PX', math.ceil((start + len - now) / 1000))
-  else -- best effort: a clamp
-    redis.pcall('SET', KEYS[1], value, 'PX', math.ceil((start + len - now) / 1000))
+  else
+    -- The key lives until the window ends: ms, rounded up (exact in doubles).
+    redis.call('SET', KEYS[1], value, 'PX', math.ceil((start + len - t) / 1000))
   end
 end
 
--- Reply.
-local remaining, reset = limit - count, 0
+-- Reply. A window read as opened now (a clock gone wrong) is read so
+-- again by the next call, its durations not counting down: stable 0, so
+-- that no deny cache keeps the answer.
+local remaining, reset, stable = limit - count, 0, -1
 if remaining < 0 then remaining = 0 end
-if count > 0 then reset = view_end - now end
-return string.format('%d %d %d %d 0 -1', allowed, remaining, retry, reset)
+if open or granted then reset = start + len - t end
+if moved then stable = 0 end
+if granted then
+  return string.format('%d %d %d %d 0 %d %d.%d.%d', allowed, remaining, retry, reset, stable,
+    start, count + given, n)
+end
+return string.format('%d %d %d %d 0 %d', allowed, remaining, retry, reset, stable)

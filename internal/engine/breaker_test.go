@@ -17,8 +17,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-var errSentinel = errors.New("test: unavailable")
-
 // testBreaker is a breaker on a settable clock that records its changes.
 type testBreaker struct {
 	*Breaker
@@ -39,7 +37,7 @@ func newTestBreaker(failures int, cooldown time.Duration) *testBreaker {
 // call runs one round trip through the breaker that ends with o, and
 // returns the error admit gave, if any.
 func (tb *testBreaker) call(o outcome) error {
-	probe, err := tb.admit(errSentinel)
+	probe, err := tb.admit()
 	if err != nil {
 		return err
 	}
@@ -63,7 +61,7 @@ func TestBreakerOpensAfterConsecutiveFailures(t *testing.T) {
 
 	err := tb.call(answered)
 	require.Error(t, err, "open: calls fail at once")
-	require.ErrorIs(t, err, errSentinel)
+	require.ErrorIs(t, err, ErrUnavailable)
 	require.ErrorIs(t, err, syscall.ECONNREFUSED, "the error wraps the Redis error that opened it")
 	var withRetry interface{ RetryAfter() time.Duration }
 	require.True(t, errors.As(err, &withRetry))
@@ -85,13 +83,13 @@ func TestBreakerProbe(t *testing.T) {
 	tb.now = tb.now.Add(time.Nanosecond)
 
 	// Exactly one probe; every other call fails fast while it is in flight.
-	probe, err := tb.admit(errSentinel)
+	probe, err := tb.admit()
 	require.NoError(t, err)
 	require.True(t, probe)
 	require.Equal(t, BreakerHalfOpen, tb.State())
 	for range 3 {
-		_, err := tb.admit(errSentinel)
-		require.ErrorIs(t, err, errSentinel, "a second call while the probe is in flight")
+		_, err := tb.admit()
+		require.ErrorIs(t, err, ErrUnavailable, "a second call while the probe is in flight")
 	}
 	// The probe fails: open for another cooldown.
 	tb.record(true, failed, errRefused)
@@ -100,12 +98,12 @@ func TestBreakerProbe(t *testing.T) {
 	tb.now = tb.now.Add(time.Second)
 
 	// A probe whose caller gave up says nothing: the next call probes.
-	probe, err = tb.admit(errSentinel)
+	probe, err = tb.admit()
 	require.NoError(t, err)
 	require.True(t, probe)
 	tb.record(true, neutral, context.Canceled)
 	require.Equal(t, BreakerHalfOpen, tb.State())
-	probe, err = tb.admit(errSentinel)
+	probe, err = tb.admit()
 	require.NoError(t, err)
 	require.True(t, probe, "the next call after a neutral probe probes again")
 	tb.record(true, answered, nil)
@@ -123,7 +121,7 @@ func TestBreakerIgnoresNeutralAndStaleOutcomes(t *testing.T) {
 
 	// A call admitted while closed that succeeds after the breaker opened
 	// does not close it: only the probe does.
-	probe, err := tb.admit(errSentinel)
+	probe, err := tb.admit()
 	require.NoError(t, err)
 	require.NoError(t, tb.call(failed))
 	require.NoError(t, tb.call(failed))
@@ -144,7 +142,7 @@ func TestBreakerConcurrentProbe(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			probe, err := tb.admit(errSentinel)
+			probe, err := tb.admit()
 			if err == nil {
 				mu.Lock()
 				probes++
@@ -212,7 +210,7 @@ func BenchmarkBreakerClosed(b *testing.B) {
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			probe, err := br.admit(errSentinel)
+			probe, err := br.admit()
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -228,7 +226,7 @@ func BenchmarkBreakerOpen(b *testing.B) {
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if _, err := br.admit(errSentinel); err == nil {
+			if _, err := br.admit(); err == nil {
 				b.Fatal("open breaker admitted a call")
 			}
 		}

@@ -4,8 +4,13 @@
 // the circuit breaker and fallback, and telling the observer. An algorithm
 // supplies only its script, its ARGV and its limits (Config).
 //
-// Where things are: engine.go runs a decision (Engine.Decide, Reset);
-// reply.go parses a script's reply; denycache.go keeps recent denials;
-// breaker.go is the circuit breaker and decides which errors count as
-// failures; errors.go builds errors that match the root package's sentinels.
+// Where things are, in the order a decision passes through them:
+// engine.go checks the call, asks the deny cache (denycache.go), and hands
+// the request to the round trip; roundtrip.go sends it behind the circuit
+// breaker (breaker.go) and ends it at the caller's deadline; reply.go
+// parses the script's reply; fallback.go decides a call Redis could not.
+// grant.go is what an allowed call took and how it is given back;
+// sentinels.go and errors.go are the errors callers branch on. Nothing here
+// is shared between limiters but what the caller hands them (a client, a
+// Breaker): there is no package-level state.
 package engine

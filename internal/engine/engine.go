@@ -2,9 +2,7 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -23,13 +21,19 @@ type Config struct {
 	Clock     func() time.Time
 	DenyCache int // entries; 0 = off
 	Capacity  int // the most permits one request can ever get (the smallest limit)
-	Observe   func(Event)
-	// Breaker guards the round trips (nil: none); Unavailable is the
-	// sentinel its errors match. Fallback, when set, decides a call Redis
-	// could not: see breaker.go.
-	Breaker     *Breaker
-	Unavailable error
-	Fallback    func(ctx context.Context, key string, n int) (Reply, error)
+	// Leases marks an algorithm whose grants hold something in flight (a
+	// Concurrency's): Grant.Release refunds them.
+	Leases  bool
+	Observe func(Event)
+	// Breaker guards the round trips (nil: none); its errors match
+	// ErrUnavailable. Fallback, when set, decides a call Redis
+	// could not: see fallback.go.
+	Breaker  *Breaker
+	Fallback func(ctx context.Context, key string, n int) (Reply, error)
+	// ArgsAt, when set, gives more ARGV, between n and Args, for a call
+	// whose limiter clock (or, without one, the host's) reads now: a
+	// calendar window's period boundaries around it.
+	ArgsAt func(now time.Time) []any
 }
 
 // Event is what the observer is told of one call.
@@ -68,26 +72,20 @@ func CheckClock(sentinel error, algorithm string, now time.Time) error {
 }
 
 // Engine runs one algorithm's decisions. It is safe for concurrent use.
+// Its round trip to Redis is the embedded roundTrip (roundtrip.go); the
+// rest is what a decision adds around it.
 type Engine struct {
-	rdb       redis.Scripter
-	proc      processor // rdb, when it can run a prepared command
-	sha, src  any       // the script's SHA1 and source, boxed once
+	roundTrip
 	algorithm string
 	prefix    string
-	script    *redis.Script
-	args      []any
-	policies  int
+	policies  int // how many limits a reply's strategy may name
 	clock     func() time.Time
 	cache     *denyCache
-	peerKey   any // newPeerKey(rdb, prefix), boxed once: see tellPeers
 	observe   func(Event)
-	bound     time.Duration // clientBound(rdb): see runWithin
-
-	breaker             *Breaker
-	minDeadline         time.Duration // the breaker's MinDeadline, else DefaultMinDeadline
-	detachSlots         chan struct{} // one per call with a short deadline running on: see guardedRun
-	unavailableSentinel error
-	fallbackFn          func(ctx context.Context, key string, n int) (Reply, error)
+	leases    bool // Config.Leases
+	// fallbackFn is Config.Fallback: it decides a call Redis could not.
+	fallbackFn func(ctx context.Context, key string, n int) (Reply, error)
+	argsAt     func(now time.Time) []any // Config.ArgsAt
 }
 
 // DefaultMinDeadline is the least time a round trip gets when the limiter
@@ -97,101 +95,20 @@ const DefaultMinDeadline = 20 * time.Millisecond
 // New returns an engine for cfg. The caller has validated cfg.
 func New(rdb redis.Scripter, cfg Config) *Engine {
 	e := &Engine{
-		rdb:       rdb,
-		algorithm: cfg.Algorithm,
-		prefix:    cfg.Prefix,
-		script:    cfg.Script,
-		args:      cfg.Args,
-		policies:  max(cfg.Policies, 1),
-		clock:     cfg.Clock,
-		observe:   cfg.Observe,
-		bound:     clientBound(rdb),
-
-		breaker:             cfg.Breaker,
-		unavailableSentinel: cfg.Unavailable,
-		fallbackFn:          cfg.Fallback,
+		roundTrip:  newRoundTrip(rdb, cfg),
+		algorithm:  cfg.Algorithm,
+		prefix:     cfg.Prefix,
+		policies:   max(cfg.Policies, 1),
+		clock:      cfg.Clock,
+		observe:    cfg.Observe,
+		fallbackFn: cfg.Fallback,
+		argsAt:     cfg.ArgsAt,
+		leases:     cfg.Leases,
 	}
-	e.detachSlots = make(chan struct{}, maxDetachedCalls)
-	e.minDeadline = DefaultMinDeadline
-	if e.breaker != nil {
-		e.minDeadline = e.breaker.cfg.MinDeadline
-	}
-	key := newPeerKey(rdb, cfg.Prefix)
-	e.peerKey = key
 	if cfg.DenyCache > 0 {
 		e.cache = newDenyCache(cfg.DenyCache, cfg.Capacity)
-		joinPeers(key, e, e.cache)
-	}
-	if p, ok := rdb.(processor); ok {
-		e.proc, e.sha, e.src = p, cfg.Script.Hash(), cfg.Source
 	}
 	return e
-}
-
-// processor is what *redis.Client, *redis.ClusterClient, *redis.Ring and
-// *redis.AutoPipeliner have beyond redis.Scripter. Through it a decision
-// sends one prepared EVALSHA and reads its reply as a string: a few
-// allocations fewer than redis.Script.Run, which boxes every argument and
-// the reply.
-type processor interface {
-	Process(ctx context.Context, cmd redis.Cmder) error
-}
-
-// request is what one round trip does: decide n permits for key at
-// nowArg (see decide); give back permits of a grant (refund: the script's
-// ARGV[2], "-<k>:<token>"); or, for a reset, delete key. All take the same
-// way to Redis: behind the breaker, and ended at the ctx's deadline.
-type request struct {
-	key    string
-	nowArg any
-	n      int
-	refund string
-	reset  bool
-}
-
-// run sends the script for one request and returns its reply text (none
-// for a reset): EVALSHA, and EVAL once when the server answers NOSCRIPT
-// (its script cache was flushed, or it is a new node). Nothing else is
-// ever re-sent: a call that timed out may have run.
-func (e *Engine) run(ctx context.Context, req request) (string, error) {
-	key, nowArg := req.key, req.nowArg
-	var n any = req.n
-	if req.refund != "" {
-		n = req.refund
-	}
-	if req.reset {
-		return "", resetScript.Run(ctx, e.rdb, []string{e.prefix + key}).Err()
-	}
-	if e.proc == nil {
-		args := make([]any, 2+len(e.args))
-		args[0], args[1] = nowArg, n
-		copy(args[2:], e.args)
-		v, err := e.script.Run(ctx, e.rdb, []string{e.prefix + key}, args...).Result()
-		if err != nil {
-			return "", err
-		}
-		text, ok := v.(string)
-		if !ok {
-			return "", fmt.Errorf("redlimit: unexpected script reply %T, want a string", v)
-		}
-		return text, nil
-	}
-	const keyPos = 3 // EVALSHA sha numkeys key ...
-	args := make([]any, 6+len(e.args))
-	args[0], args[1], args[2], args[3], args[4], args[5] = "evalsha", e.sha, 1, e.prefix+key, nowArg, n
-	copy(args[6:], e.args)
-	cmd := redis.NewStringCmd(ctx, args...)
-	cmd.SetFirstKeyPos(keyPos)
-	_ = e.proc.Process(ctx, cmd)
-	text, err := cmd.Result()
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		args[0], args[1] = "eval", e.src
-		cmd = redis.NewStringCmd(ctx, args...)
-		cmd.SetFirstKeyPos(keyPos)
-		_ = e.proc.Process(ctx, cmd)
-		text, err = cmd.Result()
-	}
-	return text, err
 }
 
 // Decide takes n permits for key if all n are available. err is non-nil only
@@ -208,57 +125,101 @@ func (e *Engine) Decide(ctx context.Context, key string, n int) (Reply, error) {
 }
 
 func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local bool, err error) {
+	c, r, local, err := e.begin(ctx, key, n)
+	if err != nil || local {
+		return r, local, err
+	}
+	text, err := e.guardedRun(ctx, c.request())
+	r, err = c.finish(ctx, text, err)
+	return r, false, err
+}
+
+// call is one decision under way: checked, past the deny cache, waiting
+// for its reply (begin, then finish, around a round trip or a batch's).
+type call struct {
+	e          *Engine
+	key        string
+	n          int
+	now        time.Time // the limiter's clock, or time.Now with a deny cache
+	nowArg     any       // the script's ARGV[1]
+	generation uint64    // the deny cache's, at begin
+}
+
+// begin checks a decision's arguments and asks the deny cache: local is
+// true, with the cached denial in r, when it answers.
+func (e *Engine) begin(ctx context.Context, key string, n int) (c call, r Reply, local bool, err error) {
 	if err := CheckArgs(ErrInvalidArgument, e.algorithm, ctx, key); err != nil {
-		return Reply{}, false, err
+		return call{}, Reply{}, false, err
 	}
 	if n < 0 {
-		return Reply{}, false, Errorf(ErrInvalidArgument, "redlimit: %s: n %d: must not be negative", e.algorithm, n)
+		return call{}, Reply{}, false, Errorf(ErrInvalidArgument, "redlimit: %s: n %d: must not be negative", e.algorithm, n)
 	}
 	now, nowArg, err := e.now()
 	if err != nil {
-		return Reply{}, false, err
+		return call{}, Reply{}, false, err
 	}
-	var generation uint64
+	c = call{e: e, key: key, n: n, now: now, nowArg: nowArg}
 	if e.cache != nil {
-		if now.IsZero() {
+		if c.now.IsZero() {
 			// Taken before the round trip, so a cached denial runs out no
 			// later than the server's would.
-			now = time.Now()
+			c.now = time.Now()
 		}
-		if r, ok := e.cache.lookup(key, n, now); ok {
-			return r, true, nil
+		if r, ok := e.cache.lookup(key, n, c.now); ok {
+			return call{}, r, true, nil
 		}
-		generation = e.cache.begin(key)
+		c.generation = e.cache.begin(key)
 	}
-	text, err := e.guardedRun(ctx, request{key: key, nowArg: nowArg, n: n})
+	return c, Reply{}, false, nil
+}
+
+// request is the round trip c makes.
+func (c call) request() request {
+	return request{key: c.e.prefix + c.key, nowArg: c.nowArg, n: c.n, args: c.e.argsFor(c.now)}
+}
+
+// argsFor returns ArgsAt's ARGV for a call at now (the zero time: the
+// host's clock), or nil when the engine has none.
+func (e *Engine) argsFor(now time.Time) []any {
+	if e.argsAt == nil {
+		return nil
+	}
+	if now.IsZero() {
+		now = time.Now()
+	}
+	return e.argsAt(now)
+}
+
+// finish reads the outcome of c's round trip, text or err: the script's
+// decision, which the deny cache then learns, or the fallback's when Redis
+// left the call undecided, or the error.
+func (c call) finish(ctx context.Context, text string, err error) (Reply, error) {
+	e := c.e
 	if err != nil {
-		if r, ok := e.fallback(ctx, key, n, err); ok {
-			return r, false, nil
+		if r, ok := e.fallback(ctx, c.key, c.n, err); ok {
+			return r, nil
 		}
-		return Reply{}, false, e.redisError(ctx, key, "", err)
+		return Reply{}, e.redisError(ctx, c.key, "", err)
 	}
-	r, err = ParseReplyText(text)
+	r, err := ParseReplyText(text)
 	if err == nil && r.Strategy >= e.policies {
 		err = fmt.Errorf("script reply names strategy %d of %d", r.Strategy, e.policies)
 	}
 	if err != nil {
 		// A reply no decision can be read from: Redis's, like a failure.
-		if r, ok := e.fallback(ctx, key, n, err); ok {
-			return r, false, nil
+		if r, ok := e.fallback(ctx, c.key, c.n, err); ok {
+			return r, nil
 		}
-		return Reply{}, false, fmt.Errorf("redlimit: %s: %w", e.algorithm, err)
+		return Reply{}, fmt.Errorf("redlimit: %s: %w", e.algorithm, err)
 	}
 	if e.cache != nil {
-		answered := now
+		answered := c.now
 		if e.clock == nil {
 			answered = time.Now()
 		}
-		e.cache.store(key, n, r, now, answered, generation)
+		e.cache.store(c.key, c.n, r, c.now, answered, c.generation)
 	}
-	if r.Allowed && n > 0 {
-		e.tellPeers(key, e.cache) // its own entry went in store
-	}
-	return r, false, nil
+	return r, nil
 }
 
 // now reads the limiter's clock: the time and the script's ARGV[1] for it,
@@ -286,25 +247,41 @@ func (e *Engine) now() (time.Time, any, error) {
 // behind the breaker, but never goes to the fallback: the permits a Redis
 // grant took are in Redis, and a refund that could not be made leaves
 // them used (stricter, never looser). It drops the key's cached denials
-// in this limiter and its peers.
+// in this limiter.
 func (e *Engine) Refund(ctx context.Context, key, token string, k int) (Reply, int, error) {
-	if err := CheckArgs(ErrInvalidArgument, e.algorithm, ctx, key); err != nil {
-		return Reply{}, 0, err
-	}
-	if !validToken(token) {
-		return Reply{}, 0, Errorf(ErrInvalidArgument, "redlimit: %s: refund: the grant carries no token a script made", e.algorithm)
-	}
-	start := time.Now()
-	_, nowArg, err := e.now()
+	req, err := e.refundRequest(ctx, key, token, k)
 	if err != nil {
 		return Reply{}, 0, err
 	}
+	start := time.Now()
 	// Before and after, as around a Reset: a decision in flight across the
 	// refund may have read the state before it and must not cache its
 	// denial.
-	e.tellPeers(key, nil)
-	defer e.tellPeers(key, nil)
-	text, err := e.guardedRun(ctx, request{key: key, nowArg: nowArg, refund: "-" + strconv.Itoa(k) + ":" + token})
+	e.forget(key)
+	defer e.forget(key)
+	text, err := e.guardedRun(ctx, req)
+	return e.refunded(ctx, key, k, start, text, err)
+}
+
+// refundRequest checks a refund of k permits of the grant of key named
+// token and returns its round trip.
+func (e *Engine) refundRequest(ctx context.Context, key, token string, k int) (request, error) {
+	if err := CheckArgs(ErrInvalidArgument, e.algorithm, ctx, key); err != nil {
+		return request{}, err
+	}
+	if !validToken(token) {
+		return request{}, Errorf(ErrInvalidArgument, "redlimit: %s: refund: the grant carries no token a script made", e.algorithm)
+	}
+	now, nowArg, err := e.now()
+	if err != nil {
+		return request{}, err
+	}
+	return request{key: e.prefix + key, nowArg: nowArg, refund: "-" + strconv.Itoa(k) + ":" + token, args: e.argsFor(now)}, nil
+}
+
+// refunded reads the outcome of a refund's round trip, started at start,
+// and tells the observer.
+func (e *Engine) refunded(ctx context.Context, key string, k int, start time.Time, text string, err error) (Reply, int, error) {
 	var r Reply
 	given := 0
 	if err == nil {
@@ -331,6 +308,18 @@ func (e *Engine) Refund(ctx context.Context, key, token string, k int) (Reply, i
 	return r, given, nil
 }
 
+// forget drops key's denials from the deny cache, if there is one, after
+// a Reset or a refund through this limiter. A deny cache hears only its own
+// limiter: grants, refunds and Resets through other limiters, in this
+// process or another, stay unseen, and a denial it cached keeps its Result
+// of before them until it runs out (stricter, or a RetryAfter that may
+// prove short; never a grant).
+func (e *Engine) forget(key string) {
+	if e.cache != nil {
+		e.cache.forget(key)
+	}
+}
+
 // resetScript deletes one key. redis.Scripter has no DEL, and a script keeps
 // Reset on the same one-round-trip, cluster-safe path as the decisions.
 var resetScript = redis.NewScript(`return redis.call('DEL', KEYS[1])`)
@@ -342,12 +331,11 @@ func (e *Engine) Reset(ctx context.Context, key string) error {
 	if err := CheckArgs(ErrInvalidArgument, e.algorithm, ctx, key); err != nil {
 		return err
 	}
-	// Before and after the DEL, in this limiter's cache and its peers': a
-	// decision in flight across either may have read the old state, and
-	// must not cache its denial.
-	e.tellPeers(key, nil)
-	defer e.tellPeers(key, nil)
-	if _, err := e.guardedRun(ctx, request{key: key, reset: true}); err != nil {
+	// Before and after the DEL: a decision in flight across either may have
+	// read the old state, and must not cache its denial.
+	e.forget(key)
+	defer e.forget(key)
+	if _, err := e.guardedRun(ctx, request{key: e.prefix + key, reset: true}); err != nil {
 		return e.redisError(ctx, key, "reset: ", err)
 	}
 	return nil
@@ -361,18 +349,7 @@ func (e *Engine) redisError(ctx context.Context, key, op string, err error) erro
 	if msg, ok := strings.CutPrefix(err.Error(), foreignPrefix); ok && redis.HasErrorPrefix(err, "NOTOURS") {
 		return Errorf(ErrForeignState, "redlimit: %s: %skey %s %s", e.algorithm, op, QuoteKey(e.prefix+key), msg)
 	}
-	ctxErr := ctx.Err()
-	if ctxErr == nil && errors.Is(err, os.ErrDeadlineExceeded) {
-		// The socket deadline is the ctx's, and may fire a moment before
-		// the ctx's own timer marks it done.
-		if deadline, ok := ctx.Deadline(); ok && !time.Now().Before(deadline) {
-			ctxErr = context.DeadlineExceeded
-		}
-	}
-	if ctxErr != nil && !errors.Is(err, ctxErr) {
-		return fmt.Errorf("redlimit: %s: %s%w (%w)", e.algorithm, op, err, ctxErr)
-	}
-	return fmt.Errorf("redlimit: %s: %s%w", e.algorithm, op, err)
+	return fmt.Errorf("redlimit: %s: %s%w", e.algorithm, op, withCtxErr(ctx, err))
 }
 
 // foreignPrefix starts the error reply of a script that found a value it
@@ -418,4 +395,14 @@ func QuoteKey(key string) string {
 func (e *Engine) RefundGrant(ctx context.Context, key, token string, took, n int) error {
 	_, _, err := e.Refund(ctx, key, token, n)
 	return err
+}
+
+// ReleaseGrant ends the leases of a grant, for an algorithm whose grants
+// are leases (Config.Leases), by refunding all it took; other grants hold
+// nothing in flight and are left as they are (see Grant.Release).
+func (e *Engine) ReleaseGrant(ctx context.Context, key, token string, took int) error {
+	if !e.leases {
+		return nil
+	}
+	return e.RefundGrant(ctx, key, token, took, took)
 }

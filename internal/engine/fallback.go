@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"os"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -18,19 +17,8 @@ import (
 // which another limiter must not paper over). Bad input never gets here.
 func redisFailure(ctx context.Context, err error) bool {
 	var early doneBeforeCall
-	if errors.As(err, &early) || ctx.Err() != nil {
+	if errors.As(err, &early) || callerErr(ctx, err) != nil || errors.Is(err, context.Canceled) {
 		return false
-	}
-	if errors.Is(err, context.Canceled) {
-		return false
-	}
-	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) {
-		// The socket deadline is the ctx's, and may fire a moment before
-		// the ctx's own timer marks it done. Without a ctx deadline that
-		// passed, the timeout is the client's own (ReadTimeout): Redis's.
-		if deadline, ok := ctx.Deadline(); ok && !time.Now().Before(deadline) {
-			return false
-		}
 	}
 	return !redis.HasErrorPrefix(err, "NOTOURS")
 }
@@ -50,4 +38,22 @@ func WithLimiterNow(ctx context.Context, now time.Time) context.Context {
 func LimiterNow(ctx context.Context) (time.Time, bool) {
 	now, ok := ctx.Value(limiterNow{}).(time.Time)
 	return now, ok
+}
+
+// fallback lets Config.Fallback decide a call that Redis, or the link to
+// it, left undecided (redisFailure): the breaker was open, the round trip
+// failed, or the server refused it. It reports false, and the caller
+// returns err, when there is no fallback, when err is the caller's own (its
+// ctx, a foreign value at the key), or when the fallback failed too. The
+// Reply's Cause is the Redis error, as the caller would have seen it.
+func (e *Engine) fallback(ctx context.Context, key string, n int, err error) (Reply, bool) {
+	if e.fallbackFn == nil || !redisFailure(ctx, err) {
+		return Reply{}, false
+	}
+	r, fbErr := e.fallbackFn(ctx, key, n)
+	if fbErr != nil {
+		return Reply{}, false
+	}
+	r.Cause = e.redisError(ctx, key, "", err)
+	return r, true
 }

@@ -52,6 +52,29 @@ func (g Grant) Refund(ctx context.Context, n int) error {
 	return g.src.RefundGrant(ctx, g.key, g.token, g.n, n)
 }
 
+// Releaser is a Refunder whose grants hold something in flight (a
+// Concurrency's leases): ReleaseGrant ends it, as a refund of all took
+// permits would, while a grant of any other limiter holds nothing in
+// flight and stays counted.
+type Releaser interface {
+	ReleaseGrant(ctx context.Context, key, token string, took int) error
+}
+
+// Release ends what g holds in flight and keeps what it counted: a
+// Concurrency's leases are released (as Refund of every permit would), a
+// group grant (AllowAll) releases the leases of its parts and keeps their
+// other permits, and a grant of any other limiter is left as it is. The
+// zero Grant holds nothing. A nil ctx is ErrInvalidArgument.
+func (g Grant) Release(ctx context.Context) error {
+	if ctx == nil {
+		return Errorf(ErrInvalidArgument, "redlimit: release: nil context (use context.Background())")
+	}
+	if r, ok := g.src.(Releaser); ok {
+		return r.ReleaseGrant(ctx, g.key, g.token, g.n)
+	}
+	return nil
+}
+
 // String describes g for logs: its permits and key, never its token.
 func (g Grant) String() string {
 	if g.src == nil {

@@ -24,10 +24,13 @@ type Reply struct {
 	// is read (the deny cache keeps denials alone), and an allowed reply
 	// may say Never without it being so: a script spares the sprintf.
 	Stable time.Duration
-	// Fallback is non-nil when Config.Fallback decided instead of Redis: its
-	// own result, for the caller to report as it is.
-	Fallback any
-	// Cause is, with Fallback, the Redis error that sent the call there.
+	// FromFallback reports a reply Config.Fallback made because Redis could
+	// not: Limit and Grant are then the fallback's own, for the caller to
+	// report as they are.
+	FromFallback bool
+	Limit        int
+	Grant        Grant
+	// Cause is, with FromFallback, the Redis error that sent the call there.
 	Cause error
 	// Token is the reply's seventh field: a grant's name in the key's
 	// state, for its refunds (a decision allowed with n > 0), or the

@@ -11,4 +11,5 @@ var (
 	ErrInvalidConfig   = errors.New("redlimit: invalid configuration")
 	ErrInvalidArgument = errors.New("redlimit: invalid argument")
 	ErrForeignState    = errors.New("redlimit: key holds a value redlimit did not write")
+	ErrUnavailable     = errors.New("redlimit: Redis unavailable")
 )

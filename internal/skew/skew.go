@@ -15,11 +15,12 @@ import (
 // interval of d µs (d >= 0), whatever the timing of its requests.
 type Allowance func(d int64) int64
 
-// FixedWindow is the allowance of limit per window (µs): an interval of d
-// meets at most d/window + 1 windows, as each opens at least a window after
-// the one before.
+// FixedWindow is the allowance of limit per window (µs): each window opens
+// at least a window after the one before, so an interval of d holds the
+// openings of at most d/window + 1 windows, and the end of one opened
+// before it, whose opening grant (at least one permit) is outside it.
 func FixedWindow(limit, windowUS int64) Allowance {
-	return func(d int64) int64 { return limit * (d/windowUS + 1) }
+	return func(d int64) int64 { return limit*(d/windowUS+2) - 1 }
 }
 
 // Sliding is the allowance of a sliding log of precision p (µs) whose

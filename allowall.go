@@ -1,0 +1,177 @@
+package redlimit
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/redlimit/redlimit/internal/engine"
+)
+
+// Part is one limit of an AllowAll decision: a limiter and the key it
+// limits ("100 a minute per user": a limiter, and the user's key).
+type Part struct {
+	Limiter Limiter
+	Key     string
+}
+
+// AllowAll takes n permits from every part, or from none: real admission
+// is rarely one limit ("100 a minute per user, 10,000 a day per tenant, 2
+// in flight per user"). The parts may be of any algorithms here, on the
+// same key or different keys, with deny caches or fallbacks.
+//
+// The parts on one Redis client are decided in one pipeline, one round
+// trip (on a Cluster, one pipeline per node, in parallel); in-process
+// parts (package inmem, your own Limiters) are decided first, in order. A
+// part whose denial is in its deny cache answers without a round trip,
+// and then nothing is sent. A denied call has taken nothing when it
+// returns: parts granted before the denial was known are refunded, in one
+// more round trip (leases released), so no part is charged for a request
+// that was refused; between the grant and the refund, others may find
+// those parts stricter, never looser.
+//
+// Denied, the Result is that of the denying part with the longest
+// RetryAfter, and Result.Part is its index. Granted, it is the part with
+// the fewest permits Remaining (the first of equals), and Result.Grant
+// refunds every part at once. n == 0 reports every part's state and takes
+// nothing. A part whose Redis fails follows its limiter's breaker and
+// fallback; when a part makes no decision all the same, AllowAll makes
+// none: it refunds what the other parts took and returns that part's
+// error. When a refund after a denial or a failure fails too, the permits
+// stay taken (they lapse as any grant does) and the error says so: a
+// denial's Result comes back with that error.
+//
+// Bad input in any part (no parts, n < 0, a nil Limiter, a bad key) is
+// ErrInvalidArgument, before any round trip.
+func AllowAll(ctx context.Context, n int, parts ...Part) (Result, error) {
+	if err := checkParts(ctx, n, parts); err != nil {
+		return Result{}, err
+	}
+	results := make([]Result, len(parts))
+	pending := make([]*engine.Pending, len(parts))
+	sent := make([]*engine.Pending, 0, len(parts))
+	for i, p := range parts {
+		rl, ok := p.Limiter.(redisLimiter)
+		if !ok {
+			continue
+		}
+		l := rl.redisCore()
+		pe := l.engine.Begin(ctx, p.Key, n)
+		if pe.Done() {
+			if pe.Err != nil {
+				return Result{}, fmt.Errorf("redlimit: AllowAll: part %d: %w", i, pe.Err)
+			}
+			// A cached denial: nothing was taken anywhere yet.
+			res := l.result(pe.Reply, p.Key, n)
+			res.Part = i
+			return res, nil
+		}
+		pending[i] = pe
+		sent = append(sent, pe)
+	}
+	var grants []Grant
+	undo := func() error { return engine.RefundAll(context.WithoutCancel(ctx), grants, n) }
+	for i, p := range parts {
+		if pending[i] != nil {
+			continue
+		}
+		res, err := p.Limiter.AllowN(ctx, p.Key, n)
+		if err != nil {
+			return Result{}, undone(fmt.Errorf("redlimit: AllowAll: part %d: %w", i, err), undo())
+		}
+		res.Part = i
+		if !res.Allowed {
+			return res, undone(nil, undo())
+		}
+		results[i] = res
+		grants = append(grants, res.Grant)
+	}
+	engine.SendAll(ctx, sent)
+	var failed error
+	denied := -1
+	for i, pe := range pending {
+		if pe == nil {
+			continue
+		}
+		if pe.Err != nil {
+			if failed == nil {
+				failed = fmt.Errorf("redlimit: AllowAll: part %d: %w", i, pe.Err)
+			}
+			continue
+		}
+		res := parts[i].Limiter.(redisLimiter).redisCore().result(pe.Reply, parts[i].Key, n)
+		res.Part = i
+		results[i] = res
+		if res.Allowed {
+			grants = append(grants, res.Grant)
+		} else if denied < 0 || res.RetryAfter > results[denied].RetryAfter {
+			denied = i
+		}
+	}
+	if failed != nil {
+		return Result{}, undone(failed, undo())
+	}
+	if denied >= 0 {
+		return results[denied], undone(nil, undo())
+	}
+	fewest := 0
+	for i, res := range results {
+		if res.Remaining < results[fewest].Remaining {
+			fewest = i
+		}
+	}
+	res := results[fewest]
+	res.Grant = Grant{}
+	if n > 0 {
+		res.Grant = engine.NewGroupGrant(grants, n)
+	}
+	return res, nil
+}
+
+// redisLimiter is implemented by every limiter of this package (through
+// the limiter they embed): AllowAll sends their decisions as one batch.
+type redisLimiter interface {
+	redisCore() *limiter
+}
+
+// redisCore returns l, for AllowAll.
+func (l *limiter) redisCore() *limiter { return l }
+
+// checkParts checks AllowAll's arguments before any round trip.
+func checkParts(ctx context.Context, n int, parts []Part) error {
+	if ctx == nil {
+		return engine.Errorf(ErrInvalidArgument, "redlimit: AllowAll: nil context (use context.Background())")
+	}
+	if len(parts) == 0 {
+		return engine.Errorf(ErrInvalidArgument, "redlimit: AllowAll: no parts")
+	}
+	if n < 0 {
+		return engine.Errorf(ErrInvalidArgument, "redlimit: AllowAll: n %d: must not be negative", n)
+	}
+	for i, p := range parts {
+		if p.Limiter == nil || isNilPointer(p.Limiter) {
+			return engine.Errorf(ErrInvalidArgument, "redlimit: AllowAll: part %d: nil Limiter", i)
+		}
+		if err := engine.CheckArgs(ErrInvalidArgument, fmt.Sprintf("AllowAll: part %d", i), ctx, p.Key); err != nil {
+			return err
+		}
+		if rl, ok := p.Limiter.(redisLimiter); ok {
+			if err := rl.redisCore().built(); err != nil {
+				return fmt.Errorf("redlimit: AllowAll: part %d: %w", i, err)
+			}
+		}
+	}
+	return nil
+}
+
+// undone returns err (nil for a denial) joined with the failure of the
+// refunds that undid the other parts' grants, if any.
+func undone(err, refundErr error) error {
+	if refundErr == nil {
+		return err
+	}
+	refundErr = fmt.Errorf("redlimit: AllowAll: giving back what the other parts took failed; those permits stay taken until they lapse: %w", refundErr)
+	if err == nil {
+		return refundErr
+	}
+	return fmt.Errorf("%w; %w", err, refundErr)
+}

@@ -1,0 +1,179 @@
+package redlimit
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/calendar"
+)
+
+var calendarScript = loadScript("calendar.lua")
+
+// Period is a way of cutting time into calendar periods in a location:
+// days (Daily), weeks beginning on a weekday (Weekly) or months beginning
+// on an anchor day (Monthly). Every period begins at local midnight of its
+// first day, so across a daylight-saving change a day lasts 23 or 25 hours
+// (23.5 or 24.5 where the change is of 30 minutes), and where a change
+// skips midnight the day begins when it does. The zero Period is not
+// valid: NewCalendarWindow refuses it.
+//
+// Its methods: Bounds(t) returns the start and the end (the next
+// period's start) of the period holding t; Location returns its location;
+// String describes it with the location's name ("monthly from day 15 in
+// America/New_York"), as the default key's fingerprint does.
+type Period = calendar.Period
+
+// Daily is the period of calendar days in loc, from local midnight to
+// local midnight. A nil loc is ErrInvalidConfig at NewCalendarWindow.
+func Daily(loc *time.Location) Period { return calendar.Daily(loc) }
+
+// Weekly is the period of weeks in loc, from local midnight of each start
+// day (time.Monday, say) to the next one.
+func Weekly(loc *time.Location, start time.Weekday) Period { return calendar.Weekly(loc, start) }
+
+// Monthly is the period of months in loc beginning on day, from 1 to 31:
+// a billing anchor. A month without that day begins on its last day: 31
+// is each month's last day, and 29 to 31 fall on February's last.
+// Monthly(loc, 15) runs from the 15th, local midnight, to the next 15th.
+func Monthly(loc *time.Location, day int) Period { return calendar.Monthly(loc, day) }
+
+// CalendarWindow grants at most limit permits per calendar period in a
+// time zone: a day, a week or a billing month, from its local midnight.
+// Unlike FixedWindow, whose window opens at a key's first request, every
+// key's period begins and ends with the calendar, so a daily quota resets
+// at the customer's midnight.
+//
+// Result.ResetAfter is the time until the period ends (0 while nothing is
+// counted), and a denied request's RetryAfter is the same, to the
+// microsecond, across daylight-saving changes. A denial's error has Window
+// 0: periods differ in length.
+//
+// The decision is the script's, on the Redis server's clock (or
+// WithClock's); the host computes the period boundaries, from its time
+// package's zone data, and sends those around its own time. A key decides
+// on its time: a caller whose clock still reads the period before the
+// key's first grant of the next one decides in the key's period, so
+// clocks that disagree near midnight never get two periods' limits.
+// docs/calendar.md tells how boundaries and clocks are handled.
+type CalendarWindow struct {
+	limiter
+	period Period
+}
+
+// NewCalendarWindow returns a limiter granting at most limit permits per
+// period. limit must be between 1 and 2^40; period must be made by Daily,
+// Weekly or Monthly with a non-nil location, a weekday from time.Sunday to
+// time.Saturday and an anchor day from 1 to 31. Bad values are
+// ErrInvalidConfig, naming the field. Keys are redlimit:cw:<config>:<key>,
+// the config's fingerprint including the period and its location's name,
+// unless WithPrefix says otherwise: limiters that differ only in their
+// limit then share the count (a plan upgrade keeps what was used this
+// period). Key TTLs end with the period the key counts.
+//
+// Give it a location by name (time.LoadLocation("America/New_York")), not
+// time.Local: every process sharing a key must cut time the same way, and
+// the fingerprint knows time.Local only as "Local".
+func NewCalendarWindow(rdb redis.Scripter, limit int, period Period, opts ...Option) (*CalendarWindow, error) {
+	const algorithm = "calendar_window"
+	if err := permits(algorithm, "limit", limit); err != nil {
+		return nil, err
+	}
+	if err := calendar.Check(period, ErrInvalidConfig, algorithm); err != nil {
+		return nil, err
+	}
+	l, err := newLimiter(rdb, spec{
+		algorithm: algorithm,
+		code:      "cw",
+		format:    1,
+		script:    calendarScript,
+		args:      []any{limit},
+		argsAt:    periodArgs(period),
+		config:    []any{period.String()},
+		// With a WithPrefix prefix the end of the period a key counts is
+		// stored, so that configurations of other periods sharing the key
+		// read it conservatively (see scripts/calendar.lua).
+		sharedArgs: []any{1},
+		limits:     []int{limit},
+		windows:    []time.Duration{0},
+	}, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &CalendarWindow{limiter: l, period: period}, nil
+}
+
+// periodArgs returns the script's ARGV for a call at a time: the starts
+// of the period before it, its own and the three after. They are computed
+// once per period of the host's clock and kept.
+func periodArgs(period Period) func(now time.Time) []any {
+	type computed struct {
+		fromUS, toUS int64 // the period they were computed for
+		args         []any
+	}
+	var last atomic.Pointer[computed]
+	return func(now time.Time) []any {
+		us := now.UnixMicro()
+		if c := last.Load(); c != nil && us >= c.fromUS && us < c.toUS {
+			return c.args
+		}
+		b := calendar.Boundaries(period, now)
+		c := &computed{fromUS: b[1], toUS: b[2], args: []any{b[0], b[1], b[2], b[3], b[4]}}
+		last.Store(c)
+		return c.args
+	}
+}
+
+// Period returns the limiter's period.
+func (l *CalendarWindow) Period() Period {
+	if l == nil {
+		return Period{}
+	}
+	return l.period
+}
+
+// core returns the shared limiter, or one that refuses every call when l
+// is nil.
+func (l *CalendarWindow) core() *limiter {
+	if l == nil {
+		return &limiter{nilType: "CalendarWindow", nilConstructor: "NewCalendarWindow"}
+	}
+	return &l.limiter
+}
+
+// TryAcquire takes one permit for key: nil when allowed, a
+// *ViolationStrategyError when denied (it matches ErrAcquireFailed), any
+// other error when no decision was made. See Limiter.
+func (l *CalendarWindow) TryAcquire(ctx context.Context, key string) error {
+	return l.core().TryAcquire(ctx, key)
+}
+
+// Allow is AllowN(ctx, key, 1).
+func (l *CalendarWindow) Allow(ctx context.Context, key string) (Result, error) {
+	return l.core().AllowN(ctx, key, 1)
+}
+
+// AllowN takes n permits for key if all n are available in the key's
+// period, else none; err is non-nil only when no decision was made. n == 0
+// reports the current state; n above the limit is denied with RetryAfter
+// == Never. A granted Result's Grant refunds into the period that counted
+// it, while it is still the key's. See Limiter.
+func (l *CalendarWindow) AllowN(ctx context.Context, key string, n int) (Result, error) {
+	return l.core().AllowN(ctx, key, n)
+}
+
+// Reset forgets all state of key, in Redis and in the deny cache.
+func (l *CalendarWindow) Reset(ctx context.Context, key string) error {
+	return l.core().Reset(ctx, key)
+}
+
+// RedisKey returns the Redis key that holds key's state: the limiter's
+// prefix followed by key ("" for a nil limiter).
+func (l *CalendarWindow) RedisKey(key string) string {
+	if l == nil {
+		return ""
+	}
+	return l.limiter.RedisKey(key)
+}

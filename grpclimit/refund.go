@@ -1,0 +1,194 @@
+package grpclimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/redlimit/redlimit"
+)
+
+// ErrRefund is matched by the error the OnError callback is told of when
+// giving back what a call took failed (Redis unreachable, say): the
+// permits stay used, which is stricter, never looser.
+var ErrRefund = errors.New("grpclimit: refund failed")
+
+// WithRefundIf gives back everything a call took when refund says its
+// status code should not count: say, codes.Internal or codes.Unavailable,
+// where the failure was the server's. The code is the handler's error's
+// (codes.OK when it returned nil); a handler that panics counts as
+// codes.Internal, and the panic goes on once the refund is made. The
+// refund runs when the handler returns (a stream's, when the stream ends),
+// under the decision deadline (WithTimeout), on a context that keeps the
+// call's values but not its cancellation, so a client that goes away still
+// gets its refund. A refund that fails is told to OnError (ErrRefund).
+// Default: no refund.
+func WithRefundIf(refund func(code codes.Code) bool) Option {
+	return func(c *config) { c.refundIf = refund }
+}
+
+// Settle gives back what the call whose context is ctx took beyond used
+// permits, for a cost known only at the end (an LLM call's tokens): take
+// the most it can cost up front with WithCost, then settle what it did
+// cost. It settles the interceptor nearest the handler that granted the
+// call. Settling is idempotent: the permits given back are the most any
+// Settle (or WithRefundIf's refund) asked for, never a sum. used below 0
+// is an error; used at or above what the call took gives nothing back. An
+// error matches ErrRefund, or redlimit.ErrInvalidArgument when ctx carries
+// no grant.
+func Settle(ctx context.Context, used int) error {
+	f, _ := ctx.Value(flightKey{}).(*flight)
+	if f == nil || f.innermost == nil {
+		return fmt.Errorf("grpclimit: Settle: the call has no grant to settle: %w", redlimit.ErrInvalidArgument)
+	}
+	if used < 0 {
+		return fmt.Errorf("grpclimit: Settle(%d): used must not be negative: %w", used, redlimit.ErrInvalidArgument)
+	}
+	g := f.innermost.grant
+	if used >= g.N() {
+		return nil
+	}
+	if err := g.Refund(context.WithoutCancel(ctx), g.N()-used); err != nil {
+		return fmt.Errorf("%w: %w", ErrRefund, err)
+	}
+	return nil
+}
+
+// flightKey is the context key of a call's flight.
+type flightKey struct{}
+
+// flight is what the interceptors on one call share: the outermost makes
+// it, the others find it in the context.
+type flight struct {
+	// denied is set by an interceptor that denies the call, so that the
+	// interceptors around it, which granted it, give their permits back.
+	denied bool
+	// innermost is the charge of the interceptor nearest the handler that
+	// granted the call, for Settle.
+	innermost *charge
+}
+
+// charge is one interceptor's grant on a call.
+type charge struct {
+	grant   redlimit.Grant
+	release func() // for a lease: ends its keep-alive and releases it
+}
+
+// leaser is a limiter whose grants are leases (redlimit.NewConcurrency,
+// inmem.NewConcurrency): the interceptor holds a call's leases for its
+// whole life, a stream's until it ends, and releases them when the handler
+// returns, panics, or the client goes away (the handler then returns, its
+// context done).
+type leaser interface {
+	ExtendGrant(ctx context.Context, g redlimit.Grant) (redlimit.Result, error)
+}
+
+// WithKeepAlive extends a call's lease every interval while its handler
+// runs (a long stream, say), for a limiter whose grants are leases (a
+// redlimit.Concurrency). Default: no renewal, so a call that outlives its
+// lease loses its place; choose a lease longer than the longest call, or
+// an interval well below the lease. A failed renewal is told to OnError.
+// An interval that is not positive panics.
+func WithKeepAlive(interval time.Duration) Option {
+	return func(c *config) {
+		c.keepAlive = interval
+		if interval <= 0 {
+			c.keepAlive = -1
+		}
+	}
+}
+
+// holdLease renews ch's lease every keepAlive until the returned stop is
+// called, which then releases it.
+func (lim *limiter) holdLease(ctx context.Context, method string, l leaser, ch *charge) (release func()) {
+	var mu sync.Mutex
+	released := false
+	var timer *time.Timer
+	if every := lim.cfg.keepAlive; every > 0 {
+		timer = time.AfterFunc(every, func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if released {
+				return
+			}
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lim.cfg.timeout)
+			res, err := l.ExtendGrant(rctx, ch.grant)
+			cancel()
+			switch {
+			case err != nil:
+				lim.tell(ctx, method, fmt.Errorf("grpclimit: keeping the call's lease: %w", err))
+			case !res.Allowed:
+				lim.tell(ctx, method, errors.New("grpclimit: keeping the call's lease: it lapsed and its place was taken"))
+				return
+			case res.Grant.N() > 0:
+				ch.grant = res.Grant
+			}
+			timer.Reset(every)
+		})
+	}
+	return func() {
+		mu.Lock()
+		released = true
+		if timer != nil {
+			timer.Stop()
+		}
+		g := ch.grant
+		mu.Unlock()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lim.cfg.timeout)
+		defer cancel()
+		if err := g.Refund(rctx, g.N()); err != nil {
+			lim.tell(ctx, method, fmt.Errorf("%w: %w", ErrRefund, err))
+		}
+	}
+}
+
+// inFlight returns ctx with the call's flight, making it if this is the
+// outermost interceptor.
+func inFlight(ctx context.Context) (context.Context, *flight) {
+	if f, ok := ctx.Value(flightKey{}).(*flight); ok {
+		return ctx, f
+	}
+	f := &flight{}
+	return context.WithValue(ctx, flightKey{}, f), f
+}
+
+// settleCall gives ch back when an interceptor inside denied the call, or
+// when the handler's outcome should not count (WithRefundIf): its error
+// err, or a panic when it did not return.
+func (lim *limiter) settleCall(ctx context.Context, method string, f *flight, ch *charge, err error, returned bool) {
+	if ch.release != nil {
+		ch.release() // what is in flight ends with the call
+		return
+	}
+	refund := f.denied
+	if !refund && lim.cfg.refundIf != nil {
+		code := status.Code(err)
+		if !returned {
+			code = codes.Internal
+		}
+		refund = lim.cfg.refundIf(code)
+	}
+	if !refund {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lim.cfg.timeout)
+	defer cancel()
+	if rerr := ch.grant.Refund(rctx, ch.grant.N()); rerr != nil {
+		lim.tell(ctx, method, fmt.Errorf("%w: %w", ErrRefund, rerr))
+	}
+}
+
+// contextStream is a ServerStream whose Context is ctx: the stream's, with
+// the call's flight.
+type contextStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s contextStream) Context() context.Context { return s.ctx }

@@ -1,0 +1,472 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/engine"
+	"github.com/redlimit/redlimit/internal/model"
+	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/redlimit/redlimit/internal/testseed"
+)
+
+// wantModel fails t unless res is what the model's want says.
+func wantModel(t *testing.T, want model.Result, res Result, what string) {
+	t.Helper()
+	retry := time.Duration(want.RetryAfterUS) * us
+	if want.RetryAfterUS == model.Never {
+		retry = Never
+	}
+	got := Result{Allowed: res.Allowed, Limit: res.Limit, Remaining: res.Remaining, RetryAfter: res.RetryAfter, ResetAfter: res.ResetAfter}
+	require.Equal(t, Result{
+		Allowed:    want.Allowed,
+		Limit:      int(want.Limit),
+		Remaining:  int(want.Remaining),
+		RetryAfter: retry,
+		ResetAfter: time.Duration(want.ResetAfterUS) * us,
+	}, got, "%s: the model's Result", what)
+	require.Equal(t, want.Allowed && want.GrantID != 0, res.Grant.N() > 0, "%s: a Grant exactly when leases were taken", what)
+}
+
+// releaseGiven releases k leases of g through c's engine and returns how
+// many places that freed, which Grant.Refund does not tell.
+func releaseGiven(t *testing.T, c *Concurrency, g Grant, k int) int {
+	t.Helper()
+	_, key, token := engine.GrantParts(g)
+	_, given, err := c.engine.Refund(context.Background(), key, token, k)
+	require.NoError(t, err, "releasing %d of %v", k, g)
+	return given
+}
+
+// TestConcurrencyAgreesWithModel runs random traces of grants, releases,
+// extends and clock steps (forward, back within a lease, back by more: a
+// clock gone wrong) against internal/model's Concurrency: every Result and
+// every release's freed places must be the model's.
+func TestConcurrencyAgreesWithModel(t *testing.T) {
+	offset := testseed.Offset(t)
+	forEachBackend(t, func(t *testing.T, b backend) {
+		b.keepKeys()
+		ctx := context.Background()
+		seen := map[string]int{} // what the traces did, so that a change of shape cannot hide it
+		for trace := range 40 {
+			seed := uint64(trace) + offset
+			r := rand.New(rand.NewPCG(seed, 37))
+			limit := 1 + r.IntN(4)
+			lease := time.Duration(1+r.IntN(5)) * 10 * ms
+			clock := newClock()
+			c, err := NewConcurrency(b.rdb, limit, lease, WithClock(clock.Now))
+			require.NoError(t, err)
+			m := model.NewConcurrency(int64(limit), lease.Microseconds())
+			key := fmt.Sprintf("trace-%d", trace)
+			grants := map[int64]Grant{} // by the model's grant id
+			var ids []int64
+			pick := func() (int64, Grant, bool) {
+				if len(ids) == 0 {
+					return 0, Grant{}, false
+				}
+				id := ids[r.IntN(len(ids))]
+				return id, grants[id], true
+			}
+			for step := range 80 {
+				now := clock.Now().UnixMicro()
+				wrong := m.ClockWrong(now)
+				if wrong {
+					seen["clock gone wrong"]++
+				}
+				what := fmt.Sprintf("seed %d step %d at %dµs", seed, step, now-epoch.UnixMicro())
+				switch op := r.IntN(10); {
+				case op < 2:
+					steps := []time.Duration{us, lease / 3, lease, 2 * lease, -lease / 2, -3 * lease}
+					clock.Advance(steps[r.IntN(len(steps))] + time.Duration(r.IntN(3))*us)
+				case op < 6:
+					n := r.IntN(limit + 2)
+					res, err := c.AllowN(ctx, key, n)
+					require.NoError(t, err, what)
+					want := m.Step(now, int64(n))
+					wantModel(t, want, res, fmt.Sprintf("%s: AllowN(%d)", what, n))
+					seen[fmt.Sprintf("AllowN allowed %v", want.Allowed)]++
+					if want.GrantID != 0 && wrong {
+						seen["grant on a clock gone wrong"]++
+					}
+					if want.GrantID != 0 {
+						grants[want.GrantID] = res.Grant
+						ids = append(ids, want.GrantID)
+					}
+				case op < 8:
+					id, g, ok := pick()
+					if !ok {
+						continue
+					}
+					k := 1 + r.IntN(g.N())
+					want := m.Refund(now, id, int64(k))
+					require.Equal(t, int(want), releaseGiven(t, c, g, k), "%s: places freed by releasing %d of %v", what, k, g)
+					seen[fmt.Sprintf("release freed some %v", want > 0)]++
+				default:
+					id, g, ok := pick()
+					if !ok {
+						continue
+					}
+					res, err := c.ExtendGrant(ctx, g)
+					require.NoError(t, err, what)
+					want, newID := m.Extend(now, id)
+					wantModel(t, want, res, fmt.Sprintf("%s: ExtendGrant(%v)", what, g))
+					seen[fmt.Sprintf("extend allowed %v, same grant %v", want.Allowed, newID == id)]++
+					if want.Allowed && newID != id {
+						grants[newID] = res.Grant
+						ids = append(ids, newID)
+					}
+				}
+			}
+		}
+		for _, outcome := range []string{"clock gone wrong", "AllowN allowed true", "AllowN allowed false",
+			"release freed some true", "release freed some false", "extend allowed true, same grant true",
+			"extend allowed true, same grant false", "extend allowed false, same grant true", "grant on a clock gone wrong"} {
+			require.NotZero(t, seen[outcome], "the traces never saw %q: %v", outcome, seen)
+		}
+	})
+}
+
+// TestConcurrencyHoldersNeverExceedLimit: 200 goroutines over 4 clients
+// (4 processes' worth of connection pools and limiters) take leases on one
+// key and hold them for random times. The number in flight, counted by the
+// test itself between Acquire's return and the Release, never exceeds the
+// limit; and no lease is lost: at rest the key admits limit again.
+func TestConcurrencyHoldersNeverExceedLimit(t *testing.T) {
+	const (
+		limit      = 7
+		clients    = 4
+		goroutines = 50 // per client
+		attempts   = 5  // per goroutine
+	)
+	offset := testseed.Offset(t)
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		limiters := make([]*Concurrency, clients)
+		for i := range limiters {
+			rdb := redis.NewClient(b.rdb.Options())
+			t.Cleanup(func() { rdb.Close() })
+			c, err := NewConcurrency(rdb, limit, time.Minute)
+			require.NoError(t, err)
+			limiters[i] = c
+		}
+		var inFlight, most, granted atomic.Int64
+		errs := make(chan error, clients*goroutines*attempts)
+		var wg sync.WaitGroup
+		for i, c := range limiters {
+			for g := range goroutines {
+				wg.Go(func() {
+					r := rand.New(rand.NewPCG(offset, uint64(i*goroutines+g)))
+					for range attempts {
+						lease, err := c.Acquire(ctx, "hot")
+						if err != nil {
+							if !errors.Is(err, ErrAcquireFailed) {
+								errs <- err
+							}
+							time.Sleep(time.Duration(r.IntN(500)) * us)
+							continue
+						}
+						granted.Add(1)
+						now := inFlight.Add(1)
+						for seen := most.Load(); now > seen && !most.CompareAndSwap(seen, now); seen = most.Load() {
+						}
+						time.Sleep(time.Duration(r.IntN(2000)) * us)
+						inFlight.Add(-1)
+						if err := lease.Release(ctx); err != nil {
+							errs <- err
+						}
+					}
+				})
+			}
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err, "every Acquire and Release must be decided")
+		}
+		require.LessOrEqual(t, most.Load(), int64(limit), "leases in flight at once")
+		require.Greater(t, granted.Load(), int64(limit), "released places must be taken again")
+		res, err := limiters[0].AllowN(ctx, "hot", limit)
+		require.NoError(t, err)
+		require.True(t, res.Allowed, "at rest, every place released: the key admits %d leases again, got %+v", limit, res)
+	})
+}
+
+// TestConcurrencyCrashedHolderComesBack: leases of a client that closed
+// without releasing them hold their places until their lease period
+// passes, then no longer; a release or extend of a lapsed lease never
+// frees or takes another holder's place.
+func TestConcurrencyCrashedHolderComesBack(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		b.keepKeys()
+		ctx := context.Background()
+		clock := newClock()
+		crashed := redis.NewClient(b.rdb.Options())
+		gone, err := NewConcurrency(crashed, 3, time.Second, WithClock(clock.Now))
+		require.NoError(t, err)
+		for range 3 {
+			_, err := gone.Acquire(ctx, "k")
+			require.NoError(t, err)
+		}
+		require.NoError(t, crashed.Close())
+
+		c, err := NewConcurrency(b.rdb, 3, time.Second, WithClock(clock.Now))
+		require.NoError(t, err)
+		_, err = c.Acquire(ctx, "k")
+		var denial *ViolationStrategyError
+		require.ErrorAs(t, err, &denial, "the crashed client's leases still hold their places")
+		require.Equal(t, ViolationStrategyError{Limit: 3, RetryAfter: time.Second}, *denial)
+		clock.Advance(time.Second - us)
+		_, err = c.Acquire(ctx, "k")
+		require.ErrorAs(t, err, &denial, "a microsecond before the leases lapse")
+		require.Equal(t, us, denial.RetryAfter)
+		clock.Advance(us)
+
+		old, err := c.Acquire(ctx, "k")
+		require.NoError(t, err, "the crashed client's places came back after one lease")
+		clock.Advance(time.Second) // old lapses too
+		for range 3 {
+			_, err := c.Acquire(ctx, "k")
+			require.NoError(t, err, "a full key again, of live holders")
+		}
+		require.NoError(t, old.Release(ctx), "releasing a lapsed lease is not an error")
+		res, err := c.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		require.Zero(t, res.Remaining, "releasing a lapsed lease freed another holder's place")
+		err = old.Extend(ctx)
+		require.ErrorIs(t, err, ErrInvalidArgument, "Extend after Release never takes a place")
+	})
+}
+
+// TestLeaseReleaseAndExtend: Extend keeps a lease live another period from
+// now; Release frees its place once, however often it is called; a lapsed
+// lease extended is taken afresh when there is room, denied when not.
+func TestLeaseReleaseAndExtend(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		b.keepKeys()
+		ctx := context.Background()
+		clock := newClock()
+		c, err := NewConcurrency(b.rdb, 1, 100*ms, WithClock(clock.Now))
+		require.NoError(t, err)
+		first, err := c.Acquire(ctx, "k")
+		require.NoError(t, err)
+		clock.Advance(60 * ms)
+		require.NoError(t, first.Extend(ctx))
+		clock.Advance(60 * ms) // past the first period, within the extended one
+		_, err = c.Acquire(ctx, "k")
+		var denial *ViolationStrategyError
+		require.ErrorAs(t, err, &denial, "the extended lease is live")
+		require.Equal(t, 40*ms, denial.RetryAfter, "it lapses a period after the Extend")
+
+		require.NoError(t, first.Release(ctx))
+		require.NoError(t, first.Release(ctx), "Release is idempotent")
+		second, err := c.Acquire(ctx, "k")
+		require.NoError(t, err, "the released place is free")
+		res, err := c.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		require.Zero(t, res.Remaining, "a second Release freed nothing more")
+
+		clock.Advance(100 * ms) // second lapses
+		require.NoError(t, second.Extend(ctx), "a lapsed lease is taken afresh when there is room")
+		_, err = c.Acquire(ctx, "k")
+		require.ErrorIs(t, err, ErrAcquireFailed, "the lease taken afresh holds the place")
+
+		other, err := NewConcurrency(b.rdb, 1, 100*ms, WithClock(clock.Now))
+		require.NoError(t, err)
+		clock.Advance(100 * ms)
+		third, err := other.Acquire(ctx, "k")
+		require.NoError(t, err)
+		err = second.Extend(ctx)
+		require.ErrorAs(t, err, &denial, "a lapsed lease of a full key")
+		require.Equal(t, ViolationStrategyError{Limit: 1, RetryAfter: 100 * ms}, *denial)
+		require.NoError(t, third.Release(ctx))
+		_, err = c.Acquire(ctx, "k")
+		require.NoError(t, err, "only the third lease held the place")
+	})
+}
+
+// TestConcurrencyBadConfig: bad limits and leases are ErrInvalidConfig
+// naming the field, and so is a fallback that cannot extend leases.
+func TestConcurrencyBadConfig(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer rdb.Close()
+	for _, tc := range []struct {
+		limit int
+		lease time.Duration
+		opts  []Option
+		field string
+	}{
+		{0, time.Second, nil, "limit 0"},
+		{-1, time.Second, nil, "limit -1"},
+		{MaxConcurrencyLimit + 1, time.Second, nil, "limit 10001"},
+		{1, time.Millisecond - time.Microsecond, nil, "lease 999µs"},
+		{1, 0, nil, "lease 0s"},
+		{1, time.Second, []Option{WithFallback(&FixedWindow{})}, "WithFallback(*redlimit.FixedWindow)"},
+	} {
+		_, err := NewConcurrency(rdb, tc.limit, tc.lease, tc.opts...)
+		require.ErrorIs(t, err, ErrInvalidConfig, tc.field)
+		require.ErrorContains(t, err, tc.field)
+	}
+}
+
+// A release drops the cached denials of the limiter it goes through: the
+// next Acquire there goes to Redis and finds the place free. (A deny cache
+// hears its own limiter only, as WithDenyCache says: another limiter's
+// cached denial runs out at its RetryAfter, as after another process's
+// release.)
+func TestConcurrencyDenyCacheDropsOnRelease(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		var local atomic.Int64
+		observe := WithObserver(func(d Decision) {
+			if d.Local {
+				local.Add(1)
+			}
+		})
+		c, err := NewConcurrency(b.rdb, 1, time.Minute, WithDenyCache(10), observe)
+		require.NoError(t, err)
+
+		held, err := c.Acquire(ctx, "k")
+		require.NoError(t, err)
+		for range 2 {
+			_, err := c.Acquire(ctx, "k")
+			require.ErrorIs(t, err, ErrAcquireFailed)
+		}
+		require.EqualValues(t, 1, local.Load(), "the second denial is the cache's")
+
+		require.NoError(t, held.Release(ctx))
+		_, err = c.Acquire(ctx, "k")
+		require.NoError(t, err, "the cached denial went with the release")
+		require.EqualValues(t, 1, local.Load())
+	})
+}
+
+// evalshaMicros returns the calls of EVALSHA and the µs Redis spent in
+// them (INFO commandstats).
+func evalshaMicros(t *testing.T, rdb *redis.Client) (calls, usec int64) {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	require.NoError(t, err)
+	for _, line := range strings.Split(info, "\r\n") {
+		rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:")
+		if !ok {
+			continue
+		}
+		for _, field := range strings.Split(rest, ",") {
+			name, value, _ := strings.Cut(field, "=")
+			switch name {
+			case "calls":
+				calls, _ = strconv.ParseInt(value, 10, 64)
+			case "usec":
+				usec, _ = strconv.ParseInt(value, 10, 64)
+			}
+		}
+	}
+	return calls, usec
+}
+
+// TestConcurrencyLapsedLeasesCostNothing: a key holding 100,000 lapsed
+// leases (more than a key ever keeps: every grant trims some) counts none
+// of them, and an Acquire and Release on it costs Redis at most 3× what
+// they cost on a key of a few leases. On a server of its own: INFO
+// commandstats counts every client's commands.
+func TestConcurrencyLapsedLeasesCostNothing(t *testing.T) {
+	skipShort(t, "starts a redis-server and builds a key of 100,000 leases")
+	t.Parallel()
+	const lapsed = 100_000
+	rdb := newClient(t, redistest.Start(t).Addr(), 0)
+	ctx := context.Background()
+	clock := newClock()
+	c, err := NewConcurrency(rdb, 10, time.Minute, WithClock(clock.Now))
+	require.NoError(t, err)
+
+	// The state of docs/internals.md, written by hand: no sequence of
+	// calls leaves this many lapsed leases.
+	key, past := c.RedisKey("lapsed"), epoch.Add(-time.Minute).UnixMicro()
+	pipe := rdb.Pipeline()
+	pipe.ZAdd(ctx, key, redis.Z{Score: 0, Member: fmt.Sprintf("#%d:%d", past-time.Minute.Microseconds(), lapsed)})
+	for id := 1; id <= lapsed; id += 1000 {
+		members := make([]redis.Z, 0, 1000)
+		for i := id; i < id+1000; i++ {
+			members = append(members, redis.Z{Score: float64(past), Member: strconv.Itoa(i)})
+		}
+		pipe.ZAdd(ctx, key, members...)
+	}
+	_, err = pipe.Exec(ctx)
+	require.NoError(t, err)
+
+	cost := func(key string) float64 {
+		const rounds = 300
+		held, err := c.Acquire(ctx, key) // a live lease besides, as on a busy key
+		require.NoError(t, err)
+		calls0, usec0 := evalshaMicros(t, rdb)
+		for range rounds {
+			lease, err := c.Acquire(ctx, key)
+			require.NoError(t, err, "lapsed leases count for nothing")
+			require.NoError(t, lease.Release(ctx))
+		}
+		calls, usec := evalshaMicros(t, rdb)
+		require.Equal(t, int64(2*rounds), calls-calls0, "one round trip per Acquire and per Release")
+		require.NoError(t, held.Release(ctx))
+		return float64(usec-usec0) / float64(calls-calls0)
+	}
+	res, err := c.AllowN(ctx, "lapsed", 0)
+	require.NoError(t, err)
+	require.Equal(t, 10, res.Remaining, "100,000 lapsed leases hold no place")
+	normal, onLapsed := cost("normal"), cost("lapsed")
+	t.Logf("Redis µs per call: %.1f on a key of a few leases, %.1f beside %d lapsed ones", normal, onLapsed, lapsed)
+	require.LessOrEqual(t, onLapsed, 3*normal, "a call beside 100,000 lapsed leases costs at most 3× a normal one")
+}
+
+// TestConcurrencyNil: a nil *Concurrency (a constructor's error ignored)
+// and a nil *Lease return errors naming the fix instead of panicking.
+func TestConcurrencyNil(t *testing.T) {
+	ctx := context.Background()
+	var c *Concurrency
+	_, err := c.Acquire(ctx, "k")
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	require.ErrorContains(t, err, "NewConcurrency")
+	_, err = c.AllowN(ctx, "k", 1)
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	_, err = c.ExtendGrant(ctx, Grant{})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	var l *Lease
+	require.ErrorIs(t, l.Release(ctx), ErrInvalidArgument)
+	require.ErrorIs(t, l.Extend(ctx), ErrInvalidArgument)
+}
+
+// TestConcurrencySharedKeyLongerLease: under one WithPrefix, a
+// configuration of short leases whose clock is behind by more than its
+// own lease reads another's long lease as live for as long as it was
+// granted, not as a clock gone wrong that ends it within the short lease.
+func TestConcurrencySharedKeyLongerLease(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		b.keepKeys()
+		ctx := context.Background()
+		clock, behind := newClock(), newClock()
+		behind.Advance(-2 * time.Second)
+		long, err := NewConcurrency(b.rdb, 1, time.Hour, WithClock(clock.Now), WithPrefix("shared:"))
+		require.NoError(t, err)
+		short, err := NewConcurrency(b.rdb, 1, time.Second, WithClock(behind.Now), WithPrefix("shared:"))
+		require.NoError(t, err)
+		held, err := long.Acquire(ctx, "k")
+		require.NoError(t, err)
+		_, err = short.Acquire(ctx, "k")
+		var denial *ViolationStrategyError
+		require.ErrorAs(t, err, &denial, "the hour-long lease is live")
+		require.Equal(t, time.Hour+2*time.Second, denial.RetryAfter, "until it lapses, on the short configuration's clock")
+		require.NoError(t, held.Release(ctx))
+		_, err = short.Acquire(ctx, "k")
+		require.NoError(t, err, "released, the place is the short configuration's")
+	})
+}
