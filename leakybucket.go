@@ -15,9 +15,10 @@ var leakyBucketScript = loadScript("leakybucket.lua", "gcra.lua")
 // back to 0. At equal capacity and rate it makes exactly the decisions of a
 // TokenBucket: choose by the picture that fits your problem.
 //
-// Redis holds one string per key: the time the bucket will be empty, and
-// under WithPrefix the rate and capacity that wrote it, so that limiters
-// with other rates sharing the key drain its level at that rate.
+// Redis holds one string per key: the key's time (the latest time a
+// grant's clock read) and the level then, and under WithPrefix the rate
+// each part of the level was granted at, so that limiters with other
+// rates sharing the key drain each part at its own rate.
 type LeakyBucket struct {
 	limiter
 }
@@ -40,9 +41,9 @@ func NewLeakyBucket(rdb redis.Scripter, capacity int, leak Rate, opts ...Option)
 		format:    4,
 		script:    leakyBucketScript,
 		args:      args,
-		// With a WithPrefix prefix the rate and capacity are stored, so
-		// that configurations sharing a key read each other's level at the
-		// rate that wrote it (see scripts/gcra.lua).
+		// With a WithPrefix prefix the rates are stored, so that
+		// configurations sharing a key read each part of the level at the
+		// rate that granted it (see scripts/gcra.lua).
 		sharedArgs: []any{1},
 		limits:     []int{capacity},
 		windows:    []time.Duration{full},

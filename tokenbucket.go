@@ -14,10 +14,11 @@ var tokenBucketScript = loadScript("tokenbucket.lua", "gcra.lua")
 // A denied request's RetryAfter is the time until n tokens are there;
 // ResetAfter the time until the bucket is full again.
 //
-// It is implemented as GCRA: Redis holds one string per key, the time the
-// bucket will be full, and under WithPrefix the rate and capacity that
-// wrote it, so that limiters with other rates sharing the key refill it at
-// that rate.
+// It is implemented as a leaky bucket of its missing tokens: Redis holds
+// one string per key, the key's time (the latest time a grant's clock
+// read) and the tokens missing then, and under WithPrefix the rate each
+// part of them was taken at, so that limiters with other rates sharing the
+// key refill each part at its own rate.
 type TokenBucket struct {
 	limiter
 }
@@ -40,9 +41,9 @@ func NewTokenBucket(rdb redis.Scripter, capacity int, refill Rate, opts ...Optio
 		format:    4,
 		script:    tokenBucketScript,
 		args:      args,
-		// With a WithPrefix prefix the rate and capacity are stored, so
-		// that configurations sharing a key read each other's level at the
-		// rate that wrote it (see scripts/gcra.lua).
+		// With a WithPrefix prefix the rates are stored, so that
+		// configurations sharing a key read each part of the level at the
+		// rate that granted it (see scripts/gcra.lua).
 		sharedArgs: []any{1},
 		limits:     []int{capacity},
 		windows:    []time.Duration{full},
