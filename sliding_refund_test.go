@@ -250,9 +250,10 @@ func TestSlidingRefundSharedTwins(t *testing.T) {
 
 // Goroutines in two processes (clients) grant and refund on one key at
 // once: never over the limit, and at rest the key holds at least the
-// grants not refunded. Exactly those, but for refunds that arrived after
-// the records of 16 later grants of the key (a key keeps 16): those give
-// nothing, stricter and never looser (docs/internals.md, Refunds).
+// grants not refunded. Exactly those, but for refunds of grants below the
+// horizon: half of the grants keep a permit, so the refunded positions form
+// a run per two grants, and a key keeps 16 runs; those give nothing,
+// stricter and never looser (docs/internals.md, Refunds).
 func TestSlidingRefundConcurrent(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, be backend) {
