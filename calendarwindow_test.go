@@ -554,9 +554,8 @@ func TestCalendarWindowInvalidConfig(t *testing.T) {
 		assert.Contains(t, err.Error(), c.want)
 		assert.Contains(t, err.Error(), "calendar_window")
 	}
-	var nilLimiter *CalendarWindow
-	_, err := nilLimiter.Allow(context.Background(), "k")
-	assert.ErrorIs(t, err, ErrInvalidConfig, "a nil *CalendarWindow")
+	_, err := (&CalendarWindow{}).Allow(context.Background(), "k")
+	assert.ErrorIs(t, err, ErrInvalidConfig, "a zero-value CalendarWindow")
 }
 
 // On the server's clock (no WithClock), the host sends the periods around

@@ -105,6 +105,9 @@ func NewConcurrency(rdb redis.Scripter, limit int, lease time.Duration, opts ...
 // Release the lease when done, whatever happened (defer it); a lease never
 // released lapses after the lease period.
 func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
+	if c == nil {
+		return nil, engine.Errorf(ErrInvalidConfig, "redlimit: nil *Concurrency: make it with NewConcurrency and check the error it returns")
+	}
 	l := &c.limiter
 	if err := l.built(); err != nil {
 		return nil, err
@@ -136,6 +139,9 @@ func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
 // lease the fallback granted is extended there). The zero Grant, or one of
 // another limiter, is ErrInvalidArgument.
 func (c *Concurrency) ExtendGrant(ctx context.Context, g Grant) (Result, error) {
+	if c == nil {
+		return Result{}, engine.Errorf(ErrInvalidConfig, "redlimit: nil *Concurrency: make it with NewConcurrency and check the error it returns")
+	}
 	l := &c.limiter
 	if err := l.built(); err != nil {
 		return Result{}, err

@@ -10,10 +10,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Keys written by the previous released format (the fixed window's format
+// Keys written by the previous released formats (the fixed window's format
 // 2, whose two forms format 3 keeps as they are; the buckets' format 2, a
-// level at the reader's own rate) under an explicit WithPrefix, where a rolling upgrade
-// meets them, are read as they were. Each case is a value in the exact
+// level at the reader's own rate, and 3, a level at its writer's rate)
+// under an explicit WithPrefix, where a rolling upgrade meets them, are
+// read as they were. Each case is a value in the exact
 // shape format 2 wrote, with the TTL it had; the calls decide on it, and
 // the value left behind is the current format's (WithPrefix: the buckets
 // store their rate and capacity).
@@ -26,7 +27,7 @@ func TestStateFormat2StillRead(t *testing.T) {
 		ttl       time.Duration
 		remaining int
 		reset     time.Duration
-		after     string // the value after one allowed permit (current format)
+		after     string // the value after one allowed permit (current format), if pinned
 	}{
 		{
 			name: "fixed window, short form",
@@ -55,7 +56,6 @@ func TestStateFormat2StillRead(t *testing.T) {
 			// level 4: empty 4s from now, tag 1.
 			value: "18000000040000001", ttl: 4 * time.Second,
 			remaining: 5, reset: 5 * time.Second,
-			after: "1800000005000000 0 1 1000000 10 1",
 		},
 		{
 			name: "leaky bucket, a fraction of a microsecond",
@@ -65,7 +65,6 @@ func TestStateFormat2StillRead(t *testing.T) {
 			// level 1 at 3 per second: empty 333333 1/3 µs from now.
 			value: "18000000003333331+1/3", ttl: 334 * time.Millisecond,
 			remaining: 8, reset: 666667 * time.Microsecond,
-			after: "1800000000666666 2 3 1000000 10 1",
 		},
 		{
 			name: "token bucket, whole microseconds",
@@ -75,7 +74,27 @@ func TestStateFormat2StillRead(t *testing.T) {
 			// 4 tokens missing: full 4s from now, tag 2.
 			value: "18000000040000002", ttl: 4 * time.Second,
 			remaining: 5, reset: 5 * time.Second,
-			after: "1800000005000000 0 1 1000000 10 2",
+		},
+		{
+			name: "leaky bucket, format 3 (its rate and capacity)",
+			make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+				return NewLeakyBucket(rdb, 10, PerSecond(1), opts...)
+			},
+			// Written at 2 per second by a bucket of 10: level 4 (empty 2s
+			// from now), read at its writer's rate. The permit at this
+			// slower rate drains first (1s), then the 4 at theirs.
+			value: "1800000002000000 0 1 500000 10 1", ttl: 2 * time.Second,
+			remaining: 5, reset: 3 * time.Second,
+		},
+		{
+			name: "token bucket, format 3 (its rate and capacity)",
+			make: func(rdb redis.Scripter, opts ...Option) (Limiter, error) {
+				return NewTokenBucket(rdb, 10, PerSecond(1), opts...)
+			},
+			// Written at 1 per second by a bucket of 20: 14 tokens missing,
+			// above this bucket's 10: it reads as empty.
+			value: "1800000014000000 0 1 1000000 20 2", ttl: 14 * time.Second,
+			remaining: -1,
 		},
 		{
 			name: "token bucket, a fraction, read at another rate",
@@ -87,7 +106,6 @@ func TestStateFormat2StillRead(t *testing.T) {
 			// rounds up to 333334 µs, then one more token (500000 µs).
 			value: "18000000003333332+1/3", ttl: 334 * time.Millisecond,
 			remaining: 8, reset: 833334 * time.Microsecond,
-			after: "1800000000833334 0 1 500000 10 2",
 		},
 	}
 	forEachBackend(t, func(t *testing.T, b backend) {
@@ -103,6 +121,15 @@ func TestStateFormat2StillRead(t *testing.T) {
 
 				r, err := l.AllowN(ctx, "k", 0)
 				require.NoError(t, err, "n=0 on a format 2 value %q", tc.value)
+				if tc.remaining < 0 { // full: denied, and nothing written
+					assert.Equal(t, 0, r.Remaining, "n=0 reads the value %q", tc.value)
+					r, err = l.Allow(ctx, "k")
+					require.NoError(t, err)
+					assert.False(t, r.Allowed, "denied on %q", tc.value)
+					assert.Equal(t, tc.value, b.rdb.Get(ctx, "fmt:k").Val(), "a denial writes nothing")
+					require.NoError(t, b.rdb.Del(ctx, "fmt:k").Err())
+					return
+				}
 				assert.Equal(t, tc.remaining+1, r.Remaining, "n=0 reads the format 2 value %q", tc.value)
 
 				r, err = l.Allow(ctx, "k")
@@ -110,7 +137,16 @@ func TestStateFormat2StillRead(t *testing.T) {
 				assert.True(t, r.Allowed, "allowed on %q", tc.value)
 				assert.Equal(t, tc.remaining, r.Remaining, "Remaining after one permit on %q", tc.value)
 				assert.Equal(t, tc.reset, r.ResetAfter, "ResetAfter after one permit on %q", tc.value)
-				assert.Equal(t, tc.after, b.rdb.Get(ctx, "fmt:k").Val(), "written back in the current format")
+				if tc.after != "" {
+					assert.Equal(t, tc.after, b.rdb.Get(ctx, "fmt:k").Val(), "written back in the current format")
+				}
+				// What the grant wrote reads back as the same state, with a
+				// TTL that covers it.
+				again, err := l.AllowN(ctx, "k", 0)
+				require.NoError(t, err, "the value written on %q", tc.value)
+				assert.Equal(t, r.Remaining, again.Remaining, "n=0 after the grant on %q", tc.value)
+				assert.Equal(t, r.ResetAfter, again.ResetAfter, "n=0 after the grant on %q", tc.value)
+				assert.GreaterOrEqual(t, b.rdb.PTTL(ctx, "fmt:k").Val(), r.ResetAfter-100*time.Millisecond, "TTL after the grant on %q", tc.value)
 				require.NoError(t, b.rdb.Del(ctx, "fmt:k").Err())
 			})
 		}

@@ -11,9 +11,10 @@ var leakyBucketScript = loadScript("leakybucket.lua", "gcra.lua")
 // back to 0. At equal capacity and rate it makes exactly the decisions of a
 // TokenBucket: choose by the picture that fits your problem.
 //
-// Redis holds one string per key: the time the bucket will be empty, and
-// under WithPrefix the rate and capacity that wrote it, so that limiters
-// with other rates sharing the key drain its level at that rate.
+// Redis holds one string per key: the key's time (the latest time a
+// grant's clock read) and the level then, and under WithPrefix the rate
+// each part of the level was granted at, so that limiters with other
+// rates sharing the key drain each part at its own rate.
 type LeakyBucket struct {
 	limiter
 }
@@ -29,7 +30,7 @@ func NewLeakyBucket(rdb redis.Scripter, capacity int, leak Rate, opts ...Option)
 	l, err := buildBucket(rdb, spec{
 		algorithm: "leaky_bucket",
 		code:      "lb",
-		format:    3,
+		format:    4,
 		script:    leakyBucketScript,
 	}, "leak", capacity, leak, opts)
 	if err != nil {

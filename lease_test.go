@@ -436,8 +436,6 @@ func TestConcurrencyNil(t *testing.T) {
 	_, err := c.Acquire(ctx, "k")
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	require.ErrorContains(t, err, "NewConcurrency")
-	_, err = c.AllowN(ctx, "k", 1)
-	require.ErrorIs(t, err, ErrInvalidConfig)
 	_, err = c.ExtendGrant(ctx, Grant{})
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	var l *Lease

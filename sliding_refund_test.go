@@ -250,9 +250,10 @@ func TestSlidingRefundSharedTwins(t *testing.T) {
 
 // Goroutines in two processes (clients) grant and refund on one key at
 // once: never over the limit, and at rest the key holds at least the
-// grants not refunded. Exactly those, but for refunds that arrived after
-// the records of 16 later grants of the key (a key keeps 16): those give
-// nothing, stricter and never looser (docs/internals.md, Refunds).
+// grants not refunded. Exactly those, but for refunds of grants below the
+// horizon: half of the grants keep a permit, so the refunded positions form
+// a run per two grants, and a key keeps 16 runs; those give nothing,
+// stricter and never looser (docs/internals.md, Refunds).
 func TestSlidingRefundConcurrent(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, be backend) {
@@ -292,4 +293,70 @@ func TestSlidingRefundConcurrent(t *testing.T) {
 		require.LessOrEqual(t, r.Remaining, limit-int(kept.Load()), "the key holds the grants not given back")
 		t.Logf("%d permits of refunds that came too late given nothing", limit-int(kept.Load())-r.Remaining)
 	})
+}
+
+// Forty grants given back whole in a shuffled order, in four runs of ten
+// separated by grants that stay, and more grants that stay between the
+// refunds: the key ends exactly at its grants minus its refunds, as the
+// model does. The refunded positions are four ranges, never more than the
+// 16 a key keeps (one record per refunded grant, 16 at most, lost the
+// refunds of the grants below the oldest kept).
+func TestSlidingRefundFortyShuffled(t *testing.T) {
+	t.Parallel()
+	makers := map[string]slidingMaker{
+		"window": slidingWindowMaker(500, time.Hour, time.Second),
+		"log":    slidingLogMaker(time.Second, Strategy{500, time.Hour}, Strategy{900, 2 * time.Hour}),
+	}
+	for name, make := range makers {
+		t.Run(name, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, be backend) {
+				ctx := context.Background()
+				rng := rand.New(rand.NewPCG(testseed.Offset(t), 39))
+				clock := newClock()
+				l, err := make(be.rdb, WithClock(clock.Now))
+				require.NoError(t, err)
+				m := model.NewSlidingLog(time.Second.Microseconds(), []int64{500}, []int64{time.Hour.Microseconds()})
+				type granted struct {
+					grant Grant
+					id    int64
+				}
+				var back []granted
+				kept := 0
+				grant := func(n int) granted {
+					clock.Advance(time.Duration(rng.IntN(1500)) * ms)
+					r, err := l.AllowN(ctx, "k", n)
+					require.NoError(t, err)
+					require.True(t, r.Allowed)
+					want := m.Step(clock.now.UnixMicro(), int64(n))
+					require.True(t, want.Allowed)
+					return granted{r.Grant, want.GrantID}
+				}
+				for range 4 {
+					for range 10 {
+						back = append(back, grant(1+rng.IntN(3)))
+					}
+					n := 1 + rng.IntN(3)
+					grant(n)
+					kept += n
+				}
+				rng.Shuffle(len(back), func(i, j int) { back[i], back[j] = back[j], back[i] })
+				for i, g := range back {
+					clock.Advance(time.Duration(rng.IntN(500)) * ms)
+					require.NoError(t, g.grant.Refund(ctx, g.grant.N()))
+					require.Equal(t, int64(g.grant.N()), m.Refund(clock.now.UnixMicro(), g.id, int64(g.grant.N())))
+					if i%5 == 0 {
+						n := 1 + rng.IntN(3)
+						grant(n)
+						kept += n
+					}
+				}
+				require.Equal(t, 500-kept, remaining(t, l, "k"), "every refund gave back its grant")
+				for _, g := range back {
+					require.NoError(t, g.grant.Refund(ctx, g.grant.N()), "a retry")
+				}
+				require.Equal(t, 500-kept, remaining(t, l, "k"), "a retried refund gives nothing")
+				require.Equal(t, int64(500-kept), m.Step(clock.now.UnixMicro(), 0).Remaining, "the model")
+			})
+		})
+	}
 }

@@ -315,13 +315,6 @@ func TestConfigChange(t *testing.T) {
 // A clock that jumps back, by a microsecond or by years, with or without a
 // deny cache, grants nothing extra and locks no key out for longer than its
 // configuration allows; a jump forward is a recovery.
-// keepsTime reports the algorithms whose keys follow DESIGN's "A key's
-// time" (their scripts record it); the others still clamp their state to a
-// clock that went back.
-func keepsTime(alg algorithm) bool {
-	return alg.name == "fixed_window" || strings.HasPrefix(alg.name, "sliding")
-}
-
 // fromClock reports the algorithms whose durations count from the caller's
 // clock, so that a clock behind the key's time waits for it too; their
 // TTL runs on the clock of the grant that set it.
@@ -386,9 +379,7 @@ func TestClockBackward(t *testing.T) {
 						// A key that keeps its time is used up until the
 						// moved clock reaches it again (or, past a recovery
 						// behind, a real server's TTL ends the key sooner).
-						if keepsTime(alg) {
-							clock.Advance(-move)
-						}
+						clock.Advance(-move)
 						clock.Advance(alg.recovery(time.Second) / 2)
 						r, err = l.AllowN(context.Background(), key, 0)
 						require.NoError(t, err)

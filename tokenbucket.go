@@ -10,10 +10,11 @@ var tokenBucketScript = loadScript("tokenbucket.lua", "gcra.lua")
 // A denied request's RetryAfter is the time until n tokens are there;
 // ResetAfter the time until the bucket is full again.
 //
-// It is implemented as GCRA: Redis holds one string per key, the time the
-// bucket will be full, and under WithPrefix the rate and capacity that
-// wrote it, so that limiters with other rates sharing the key refill it at
-// that rate.
+// It is implemented as a leaky bucket of its missing tokens: Redis holds
+// one string per key, the key's time (the latest time a grant's clock
+// read) and the tokens missing then, and under WithPrefix the rate each
+// part of them was taken at, so that limiters with other rates sharing the
+// key refill each part at its own rate.
 type TokenBucket struct {
 	limiter
 }
@@ -29,7 +30,7 @@ func NewTokenBucket(rdb redis.Scripter, capacity int, refill Rate, opts ...Optio
 	l, err := buildBucket(rdb, spec{
 		algorithm: "token_bucket",
 		code:      "tb",
-		format:    3,
+		format:    4,
 		script:    tokenBucketScript,
 	}, "refill", capacity, refill, opts)
 	if err != nil {

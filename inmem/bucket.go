@@ -2,6 +2,8 @@ package inmem
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redlimit/redlimit"
@@ -51,20 +53,35 @@ func NewTokenBucket(capacity int, refill redlimit.Rate, opts ...Option) (*TokenB
 // bucket is both buckets, in the level view of the leaky one (the token
 // bucket's missing tokens). The rate count/per µs is reduced and exact in
 // ticks of 1/count µs: one permit is per ticks, a full bucket capacity ×
-// per ticks, and one µs drains count ticks.
+// per ticks, and one µs drains count ticks. It keeps what the scripts keep
+// (scripts/gcra.lua, one rate): the key's time, the level then, and what
+// refunds need, so that it decides and refunds as they do.
 type bucket struct {
 	algorithm string
 	per       int64 // ticks per permit
 	count     int64 // ticks drained per µs
 	full      int64 // capacity × per
+	fullUS    int64 // the µs a full bucket takes to drain
 	window    time.Duration
 	store     *store[bucketState]
 }
 
 type bucketState struct {
-	atUS  int64 // when level was taken
-	level int64 // ticks; > 0 in any stored state
+	keyUS   int64 // the key's time: the latest clock a grant read
+	level   int64 // ticks at keyUS
+	shift   int64 // µs refunds moved the grants after theirs earlier, rounded up
+	horizon int64 // grants named at or before it give nothing back
+	refunds []bucketRefund
 }
+
+// bucketRefund is how many permits a grant's refunds asked for in all.
+type bucketRefund struct{ id, k int64 }
+
+// maxBucketRefunds is the most refunded grants a bucket remembers, as in
+// the script.
+const maxBucketRefunds = 16
+
+var _ engine.Refunder = (*bucket)(nil)
 
 func newBucket(algorithm, field string, capacity int, rate redlimit.Rate, opts []Option) (bucket, error) {
 	count, perUS, err := engine.CheckBucket(redlimit.ErrInvalidConfig, "inmem "+algorithm, field, capacity, rate.Count, rate.Per)
@@ -75,8 +92,9 @@ func newBucket(algorithm, field string, capacity int, rate redlimit.Rate, opts [
 	if err != nil {
 		return bucket{}, err
 	}
-	b := bucket{algorithm: algorithm, per: perUS, count: count, full: int64(capacity) * perUS,
-		window: time.Duration(ceilDiv(int64(capacity)*perUS, count)) * time.Microsecond}
+	full := int64(capacity) * perUS
+	b := bucket{algorithm: algorithm, per: perUS, count: count, full: full, fullUS: ceilDiv(full, count)}
+	b.window = time.Duration(b.fullUS) * time.Microsecond
 	b.store = newStore(o, b.used)
 	return b, nil
 }
@@ -86,7 +104,7 @@ func newBucket(algorithm, field string, capacity int, rate redlimit.Rate, opts [
 // n < 0, a nil ctx or a clock outside 2001 to 2112
 // (redlimit.ErrInvalidArgument).
 // n == 0 reports the state; n above the capacity is denied with RetryAfter
-// redlimit.Never.
+// redlimit.Never. An allowed call with n > 0 carries a Grant that refunds.
 func (b *bucket) AllowN(ctx context.Context, key string, n int) (redlimit.Result, error) {
 	if err := checkCall(ctx, b.algorithm, key, n); err != nil {
 		return redlimit.Result{}, err
@@ -102,62 +120,172 @@ func (b *bucket) AllowN(ctx context.Context, key string, n int) (redlimit.Result
 	if e != nil {
 		s = e.state
 	}
-	r, resetUS, write := b.decide(&s, now, int64(n))
-	if write {
+	r, resetUS, token := b.decide(&s, now, int64(n))
+	if token != "" {
 		sh.put(b.store, key, e, s, now, resetUS)
 	}
 	sh.mu.Unlock()
+	if token != "" {
+		r.Grant = engine.NewGrant(b, key, n, token)
+	}
 	return r, nil
 }
 
-// levelAt is the level at t: drained since s.atUS, or, when the clock went
-// back, risen by as much, within [0, full]. clamped reports a level that
-// would pass full: the clock went back by more than the level had drained.
-func (b *bucket) levelAt(s bucketState, t int64) (level int64, clamped bool) {
-	if s.level == 0 {
-		return 0, false
-	}
-	if t >= s.atUS {
-		if d := t - s.atUS; d < ceilDiv(s.level, b.count) {
-			return s.level - d*b.count, false
+// at returns the key's time for a call at now (the later of the two),
+// whether the clock is gone wrong (behind it by more than a full drain:
+// the call then decides at now on a full bucket), and the level then.
+func (b *bucket) at(s bucketState, now int64) (t int64, wrong bool, level int64) {
+	t = now
+	if s.keyUS > now {
+		if s.keyUS-now > b.fullUS {
+			return now, true, b.full
 		}
-		return 0, false
+		t = s.keyUS
 	}
-	if d := s.atUS - t; d <= (b.full-s.level)/b.count {
-		return s.level + d*b.count, false
+	if d := t - s.keyUS; d < ceilDiv(s.level, b.count) {
+		return t, false, s.level - d*b.count
 	}
-	return b.full, true
+	return t, false, 0
 }
 
-// decide decides at t on s and reports whether s must be stored: after a
-// grant, or when the clock went back so far that the level was cut to
-// full (so that the key is never locked out for longer than a full bucket
-// drains). A denial or n == 0 changes nothing else, as in the scripts: a
-// bucket that drained keeps when it did, should the clock go back before.
-func (b *bucket) decide(s *bucketState, t, n int64) (redlimit.Result, int64, bool) {
-	level, write := b.levelAt(*s, t)
+// decide decides at now on s, and returns the grant's token ("" unless
+// granted with n > 0: only a grant changes s). A call decides as at the
+// key's time, durations included.
+func (b *bucket) decide(s *bucketState, now, n int64) (redlimit.Result, int64, string) {
+	t, _, level := b.at(*s, now)
 	need := n * b.per
 	r := redlimit.Result{Limit: int(b.full / b.per)}
+	token := ""
 	switch {
 	case n > b.full/b.per:
 		r.RetryAfter = redlimit.Never
 	case level+need <= b.full:
 		r.Allowed = true
-		level += need
-		write = write || n > 0
+		if n > 0 {
+			token = b.grant(s, t, level, need)
+			level = s.level
+		}
 	default:
 		r.RetryAfter = microsDuration(ceilDiv(level+need-b.full, b.count))
 	}
-	*s = bucketState{atUS: t, level: level}
 	r.Remaining = int((b.full - level) / b.per)
 	resetUS := ceilDiv(level, b.count)
 	r.ResetAfter = microsDuration(resetUS)
-	return r, resetUS, write
+	return r, resetUS, token
+}
+
+// grant adds need ticks to s at the key's time t, where the level is
+// level, and returns the grant's token: where its permits end on the
+// key's timeline (µs, then "+" the ticks past them) and, once refunded,
+// "." the refunds' shift then, as the scripts write it. A bucket empty for
+// longer than the shift starts afresh: no earlier grant's permits can
+// reach past t.
+func (b *bucket) grant(s *bucketState, t, level, need int64) string {
+	if level == 0 && t >= s.keyUS+ceilDiv(s.level, b.count)+s.shift {
+		*s = bucketState{}
+	}
+	s.keyUS, s.level = t, level+need
+	token := strconv.FormatInt(t+s.level/b.count, 10)
+	if frac := s.level % b.count; frac > 0 {
+		token += "+" + strconv.FormatInt(frac, 10)
+	}
+	if s.shift > 0 {
+		token += "." + strconv.FormatInt(s.shift, 10)
+	}
+	return token
+}
+
+// RefundGrant gives back permits of the grant token names on key until k
+// of them in all have been given back, as far as they are still in the
+// bucket: its permits end no sooner than its end less the shift refunds
+// made since, and those after the key's time leave from the last. A
+// clock gone wrong, a grant past the records' horizon or a token this
+// bucket did not make gives nothing back; no error but for bad arguments.
+func (b *bucket) RefundGrant(ctx context.Context, key, token string, took, k int) error {
+	if err := checkCall(ctx, b.algorithm, key, k); err != nil {
+		return err
+	}
+	now, err := b.store.nowUS(ctx, b.algorithm)
+	if err != nil {
+		return err
+	}
+	sh := b.store.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.m[key]; e != nil {
+		b.refund(&e.state, now, token, int64(k))
+	}
+	return nil
+}
+
+// refund is RefundGrant on s at now; it returns the ticks given back.
+func (b *bucket) refund(s *bucketState, now int64, token string, k int64) int64 {
+	t, wrong, level := b.at(*s, now)
+	end, frac, shift, ok := parseBucketToken(token)
+	if wrong || level == 0 || !ok || shift > s.shift {
+		return 0
+	}
+	id, asked, at := end+shift, int64(0), len(s.refunds)
+	for i, rec := range s.refunds {
+		if rec.id == id {
+			asked, at = rec.k, i
+		}
+	}
+	leftUS := end - (s.shift - shift) - t
+	if id <= s.horizon || k <= asked || leftUS < 0 || leftUS > b.fullUS {
+		return 0
+	}
+	given := min((k-asked)*b.per, level, leftUS*b.count+frac)
+	if given <= 0 {
+		return 0
+	}
+	s.level -= given
+	s.shift += ceilDiv(given, b.count)
+	if at == len(s.refunds) {
+		s.refunds = append(s.refunds, bucketRefund{id: id})
+	}
+	s.refunds[at].k = k
+	if len(s.refunds) > maxBucketRefunds {
+		// A drained grant's record goes first, else the oldest's, whose
+		// grant and every older one then give nothing.
+		drop := -1
+		for i, rec := range s.refunds {
+			if rec.id-s.shift <= t {
+				drop = i
+			}
+		}
+		if drop < 0 {
+			drop = 0
+			for i, rec := range s.refunds {
+				if rec.id < s.refunds[drop].id {
+					drop = i
+				}
+			}
+			s.horizon = max(s.horizon, s.refunds[drop].id)
+		}
+		s.refunds = append(s.refunds[:drop], s.refunds[drop+1:]...)
+	}
+	return given
+}
+
+// parseBucketToken reads a token grant made: "<end>[+<frac>][.<shift>]".
+func parseBucketToken(token string) (end, frac, shift int64, ok bool) {
+	head, shiftText, hasShift := strings.Cut(token, ".")
+	endText, fracText, hasFrac := strings.Cut(head, "+")
+	var err1, err2, err3 error
+	end, err1 = strconv.ParseInt(endText, 10, 64)
+	if hasFrac {
+		frac, err2 = strconv.ParseInt(fracText, 10, 64)
+	}
+	if hasShift {
+		shift, err3 = strconv.ParseInt(shiftText, 10, 64)
+	}
+	return end, frac, shift, err1 == nil && err2 == nil && err3 == nil && frac >= 0 && shift >= 0
 }
 
 // used is the share of the bucket s has in use at t.
 func (b *bucket) used(s *bucketState, t int64) float64 {
-	level, _ := b.levelAt(*s, t)
+	_, _, level := b.at(*s, t)
 	return float64(level) / float64(b.full)
 }
 

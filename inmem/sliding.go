@@ -78,10 +78,59 @@ type logState struct {
 	tail       int64 // the bucket of the last grant, once granted is set
 	granted    bool
 	recordedUS int64 // the key's time as of its last grant
-	// count is every permit the key granted: a grant is named by the count
-	// after it, and by its bucket. refunds are what refunds gave back.
-	count int64
-	refunds
+	// count is every permit the key granted: a grant of n is named by the
+	// count after it, and by its bucket; its positions are [count-n, count).
+	// refunded is what refunds gave back.
+	count    int64
+	refunded logRanges
+}
+
+// maxLogRanges is the most ranges of refunded positions a sliding key
+// keeps, as in the script.
+const maxLogRanges = 16
+
+// logRanges is what refunds gave back, as the script keeps it: the
+// refunded positions as disjoint ranges [lo, hi), sorted, touching ones
+// merged, at most maxLogRanges of them, and the horizon below which a
+// grant gives nothing more (stricter, never looser).
+type logRanges struct {
+	ranges  []logRange
+	horizon int64
+}
+
+type logRange struct{ lo, hi int64 }
+
+// in is how many of the positions [lo, hi) are refunded.
+func (r *logRanges) in(lo, hi int64) int64 {
+	sum := int64(0)
+	for _, x := range r.ranges {
+		if from, to := max(x.lo, lo), min(x.hi, hi); to > from {
+			sum += to - from
+		}
+	}
+	return sum
+}
+
+// add refunds the positions [lo, hi), merging the ranges it touches; a
+// range more than maxLogRanges drops the lowest and raises the horizon to
+// its end. The ranges are copied: a state is a value that shares them with
+// the stored one until it is put.
+func (r *logRanges) add(lo, hi int64) {
+	kept := make([]logRange, 0, len(r.ranges)+1)
+	for _, x := range r.ranges {
+		if x.hi < lo || x.lo > hi {
+			kept = append(kept, x)
+		} else {
+			lo, hi = min(lo, x.lo), max(hi, x.hi)
+		}
+	}
+	kept = append(kept, logRange{lo, hi})
+	slices.SortFunc(kept, func(a, b logRange) int { return cmp.Compare(a.lo, b.lo) })
+	if len(kept) > maxLogRanges {
+		r.horizon = max(r.horizon, kept[0].hi)
+		kept = kept[1:]
+	}
+	r.ranges = kept
 }
 
 type logBucket struct{ index, count int64 }
@@ -242,7 +291,7 @@ func (l *log) carried(s *logState, now int64) logState {
 	S := len(l.sizes)
 	b := floorDiv(now, l.precisionUS)
 	view := logState{cursor: make([]int, S), total: make([]int64, S), lastB: b, tail: b, count: s.count}
-	view.horizon = s.count
+	view.refunded.horizon = s.count
 	held := int64(0)
 	for _, bk := range s.buckets {
 		if bk.index > s.tail-l.sizes[S-1] {
@@ -327,9 +376,10 @@ func (l *log) decideAt(s *logState, t, now, n int64) (redlimit.Result, int64) {
 	return r, resetUS
 }
 
-// refund gives back permits of the grant the token names ("bucket.count.n")
-// until k of them in all were given back, while its bucket is kept and not
-// on a clock gone wrong: the script's rule. It returns the permits given.
+// refund gives back permits of the grant the token names ("bucket.count.n":
+// its positions are [count-n, count)) until k of them in all were given
+// back, while its bucket is kept, at or past the horizon and not on a clock
+// gone wrong: the script's rule. It returns the permits given.
 func (l *log) refund(s *logState, now int64, token string, k int64) int64 {
 	var bucket, at, took int64
 	if _, err := fmt.Sscanf(token, "%d.%d.%d", &bucket, &at, &took); err != nil || took < 1 || at > s.count {
@@ -338,11 +388,11 @@ func (l *log) refund(s *logState, now int64, token string, k int64) int64 {
 	if s.recordedUS-now > l.sizes[len(l.sizes)-1]*l.precisionUS {
 		return 0
 	}
-	first := at - took // the grant holds the key's positions [first, at)
-	kept, ok := s.refunds.given(first, took)
-	if !ok {
+	first := at - took
+	if first < s.refunded.horizon {
 		return 0
 	}
+	kept := s.refunded.in(first, at)
 	i := slices.IndexFunc(s.buckets, func(bk logBucket) bool { return bk.index == bucket })
 	if i < 0 {
 		return 0
@@ -359,7 +409,7 @@ func (l *log) refund(s *logState, now int64, token string, k int64) int64 {
 			s.total[j] -= back
 		}
 	}
-	s.refunds.add(first+kept, first+kept+back)
+	s.refunded.add(first+kept, first+kept+back)
 	return back
 }
 

@@ -78,3 +78,52 @@ func TestSlidingRefundTracesMatchModel(t *testing.T) {
 		}
 	}
 }
+
+// Forty grants given back whole in a shuffled order, in four runs of ten
+// separated by grants that stay, and more grants that stay between the
+// refunds: the key ends exactly at its grants minus its refunds, as the
+// script's (four ranges of refunded positions, never more than 16).
+func TestSlidingRefundFortyShuffled(t *testing.T) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(testseed.Offset(t), 39))
+	clock := &fakeClock{now: epoch}
+	l, err := NewSlidingWindow(500, time.Hour, time.Second, WithClock(clock.Now))
+	require.NoError(t, err)
+	var back []redlimit.Grant
+	kept := 0
+	grant := func(n int) redlimit.Grant {
+		clock.Advance(time.Duration(rng.IntN(1500)) * time.Millisecond)
+		r, err := l.AllowN(ctx, "k", n)
+		require.NoError(t, err)
+		require.True(t, r.Allowed)
+		return r.Grant
+	}
+	remaining := func() int {
+		r, err := l.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		return r.Remaining
+	}
+	for range 4 {
+		for range 10 {
+			back = append(back, grant(1+rng.IntN(3)))
+		}
+		n := 1 + rng.IntN(3)
+		grant(n)
+		kept += n
+	}
+	rng.Shuffle(len(back), func(i, j int) { back[i], back[j] = back[j], back[i] })
+	for i, g := range back {
+		clock.Advance(time.Duration(rng.IntN(500)) * time.Millisecond)
+		require.NoError(t, g.Refund(ctx, g.N()))
+		if i%5 == 0 {
+			n := 1 + rng.IntN(3)
+			grant(n)
+			kept += n
+		}
+	}
+	require.Equal(t, 500-kept, remaining(), "every refund gave back its grant")
+	for _, g := range back {
+		require.NoError(t, g.Refund(ctx, g.N()), "a retry")
+	}
+	require.Equal(t, 500-kept, remaining(), "a retried refund gives nothing")
+}

@@ -25,8 +25,8 @@
 --                 key's count (every permit it granted), t the key's time
 --                 (the latest clock a grant decided at), t + d the tail.
 --   score 1       the aux, only once the key trimmed buckets or took a
---                 refund: "<kind>+base C H x g", then " s e given" for each
---                 refunded grant (see refund).
+--                 refund: "<kind>+base C H x g", then " lo hi" for each range
+--                 of refunded positions (see refund).
 --   score e       a bucket before the tail that holds permits: e is its
 --                 position (µs), the member the key's count up to it.
 --   ENTRY0 + e    under WithPrefix, a configuration that granted, its last
@@ -43,7 +43,8 @@
 -- never), reset-after µs, the index of the strategy reported, and stable µs
 -- (how long the same request gets the same reply but for its durations:
 -- the deny cache's bound); and, after a grant, the grant's token
--- "e.s.n" (its position, the key's count after it, its permits). A refund
+-- "e.s.n" (its bucket's position, the key's count after it, its permits: its
+-- permits are the positions [s - n, s) of the count). A refund
 -- replies "1 remaining 0 reset strategy -1 given".
 --
 -- The steps are the functions below, in the order a decision runs them:
@@ -56,7 +57,7 @@ local COUNTS = 4503599627370496 -- 2^52
 local ENTRY0 = 4503599627370496 -- entries' scores: 2^52 + a position below 2^52
 local FIRST = 2 -- the lowest score a bucket can have (its position is at least 999)
 local SCAN = 8 -- most buckets one call reads to find a RetryAfter, or trims
-local RECORDS = 16 -- most refunded grants a key keeps a record of
+local RANGES = 16 -- most ranges of refunded positions a key keeps
 -- Every floor(a / b) here is exact: for integers 0 <= a < 2^53 and b >= 1,
 -- a / b never rounds up to an integer.
 
@@ -117,7 +118,7 @@ end
 -- entries and the meta. An empty key reads as a state with no grant (t = -1).
 -- Anything else at the key is foreign: an error, and the key is left as it is.
 local function read_state(req)
-  local st = {K = 0, t = -1, T = -1, base = 0, C = 0, H = 0, x = 0, g = 0, records = {}}
+  local st = {K = 0, t = -1, T = -1, base = 0, C = 0, H = 0, x = 0, g = 0, ranges = {}}
   local rows = redis.pcall('ZRANGE', req.key, '0', '1')
   if rows.err then return nil, 'another type than sliding state' end
   if not rows[1] then return st end
@@ -130,8 +131,8 @@ local function read_state(req)
   local base, C, H, x, g, at = match(aux, '^' .. req.kind .. '%+(%d+) (%d+) (%d+) (%d+) (%d+)()')
   if base then
     st.aux, st.base, st.C, st.H, st.x, st.g = aux, base + 0, C + 0, H + 0, x + 0, g + 0
-    for s, e, given in string.gmatch(string.sub(aux, at), ' (%d+) (%d+) (%d+)') do
-      st.records[#st.records + 1] = {s = s + 0, e = e + 0, given = given + 0}
+    for lo, hi in string.gmatch(string.sub(aux, at), ' (%d+) (%d+)') do
+      st.ranges[#st.ranges + 1] = {lo = lo + 0, hi = hi + 0}
     end
   end
   if req.shared then
@@ -195,13 +196,25 @@ local function strategies(req, st, now)
   return list, R, stable, own_at
 end
 
--- The permits refunds gave back at positions from ws on (see refund).
-local function refunded(st, ws)
+-- The refunded positions from lo up to hi (modulo COUNTS: past the wrap,
+-- [lo, COUNTS) and [0, hi)), see refund.
+local function refunded(st, lo, hi)
+  if lo > hi then return refunded(st, lo, COUNTS) + refunded(st, 0, hi) end
   local sum = 0
-  for _, r in ipairs(st.records) do
-    if r.e >= ws and r.e > st.C then sum = sum + r.given end
+  for _, r in ipairs(st.ranges) do
+    local from, to = math.max(r.lo, lo), math.min(r.hi, hi)
+    if to > from then sum = sum + to - from end
   end
-  if st.x >= ws and st.x > st.C then sum = sum + st.g end
+  return sum
+end
+
+-- The permits refunds gave back at positions from p (a window's first) to
+-- the key's count: those of the ranges, and the g of ranges dropped (x g,
+-- see refund) when the window holds all of them (p <= x; past the wrap,
+-- p > K, it does).
+local function refunded_from(st, p)
+  local sum = refunded(st, p, st.K)
+  if st.g > 0 and (p <= st.x or p > st.K) then sum = sum + st.g end
   return sum
 end
 
@@ -225,13 +238,13 @@ local function count_from(req, st, ws)
     end
     unseen = math.min(st.base, Ln * floor((st.C - ws + Wn) / Wn) + 2 * Lm)
   end
-  return (st.K - before) % COUNTS + unseen - refunded(st, ws), before, unseen
+  return (st.K - before) % COUNTS + unseen - refunded_from(st, before), before, unseen
 end
 
 -- The time (from the clock) a denied strategy frees need permits: the first
 -- bucket of its window whose permits from the window's start reach need
--- leaves it. Each bucket holds a permit but those refunds emptied (one a
--- record at most), so that one is among the first need + #records. It
+-- leaves it. Each bucket holds a permit but those refunds emptied (each at
+-- least one refunded position), so that one is among the first need + |R| + g. It
 -- reads at most SCAN buckets; when the bucket is not among them, the time
 -- the tail leaves: longer than the truth, never shorter.
 -- Also the time its first bucket leaves (its count's first change). What
@@ -239,15 +252,15 @@ end
 local function retry_after(req, st, s, ws, before, unseen, need)
   local now = req.clock
   local tail = leaves(st.T, s.S, s.p) - now
-  local most = need + #st.records
-  if st.x > 0 then most = most + 1 end
+  local most = need + refunded(st, 0, COUNTS) + st.g
   local got = redis.call('ZRANGEBYSCORE', req.key, format('%d', ws), format('(%d', ENTRY0),
     'WITHSCORES', 'LIMIT', '0', math.min(most, SCAN))
   if not got[2] then return tail, tail end
   local first = leaves(got[2] + 0, s.S, s.p) - now
   for j = 1, #got, 2 do
     local e = got[j + 1] + 0
-    local freed = unseen + (got[j] - before) % COUNTS - refunded(st, ws) + refunded(st, e + 1)
+    local freed = unseen + (got[j] - before) % COUNTS - refunded_from(st, before)
+      + refunded_from(st, got[j] + 0)
     if freed >= need then return leaves(e, s.S, s.p) - now, first end
   end
   return tail, first
@@ -318,11 +331,11 @@ local function decide(req, c, wrong)
   return c.allowed and req.n > 0
 end
 
--- The aux's text: base, C, the refunds' horizon H and merged x g, records.
+-- The aux's text: base, C, the refunds' horizon H, dropped x g, the ranges.
 local function aux_text(req, st)
   local text = {format('%s+%d %d %d %d %d', req.kind, st.base, st.C, st.H, st.x, st.g)}
-  for _, r in ipairs(st.records) do
-    text[#text + 1] = format(' %d %d %d', r.s, r.e, r.given)
+  for _, r in ipairs(st.ranges) do
+    text[#text + 1] = format(' %d %d', r.lo, r.hi)
   end
   return table.concat(text)
 end
@@ -342,7 +355,8 @@ local function apply(req, st, now, R)
   local w = {e = e, moved = e ~= st.T, K = (st.K + req.n) % COUNTS, aux = st.aux}
   if st.K + req.n >= COUNTS then
     -- The wrap: trimmed grants then count as what the writers could grant.
-    st.base = st.base % COUNTS + COUNTS
+    -- Positions start again from 0: no earlier grant refunds (stricter).
+    st.base, st.H, st.x, st.g, st.ranges = st.base % COUNTS + COUNTS, 0, 0, 0, {}
     w.aux = nil
   end
   local period = SCAN * req.P
@@ -417,7 +431,7 @@ end
 local function restart(req, st, list, held, now)
   local e, K = bucket_end(now, req.P), (st.K + req.n) % COUNTS
   redis.call('UNLINK', req.key)
-  st.base, st.C, st.H, st.x, st.g, st.records = (st.K - held) % COUNTS, 0, st.K, 0, 0, {}
+  st.base, st.C, st.H, st.x, st.g, st.ranges = (st.K - held) % COUNTS, 0, st.K, 0, 0, {}
   local add = {'ZADD', req.key, '0', format('%s:%d %d', req.kind, K, now), '1', aux_text(req, st)}
   if req.shared then
     add[4] = format('%s %d', add[4], e - now)
@@ -436,56 +450,54 @@ local function restart(req, st, list, held, now)
   return e, K
 end
 
--- refund: gives back permits of the grant at position e whose count after
--- it was s, of n permits, until k in all were given back. The aux records
--- what each refunded grant gave back ("s e given"), so that a retried
--- refund gives nothing more. It gives while the grant's bucket is kept
--- (after C: a configuration whose window reaches it counts it), and not on
--- a clock gone wrong. A grant without a record is checked against the
--- buckets: its permits must lie in the bucket at e. When a record more than
--- RECORDS would be kept, the records of buckets trimmed away go, then the
--- oldest's: its permits join x g (given back for windows that reach x, the
--- earliest position merged: stricter, never looser), and the horizon H
--- rises to it, so that a grant at or before it gives nothing more.
+-- refund: gives back permits of the grant in the bucket at e whose permits
+-- are the positions [a, s) of the key's count, a = s - n, until k in all
+-- were given back. The aux keeps the refunded positions R as ranges [lo, hi),
+-- sorted, touching ones merged; what the grant gave back is R's prefix of its
+-- positions, so that a retried refund gives nothing more. It gives while the
+-- bucket is kept (after C: a configuration whose window reaches it counts
+-- it), at or past the horizon H, and not on a clock gone wrong; the grant's
+-- permits must lie in the bucket at e (a token of another key, or another
+-- life of this one, gives nothing). Ranges of trimmed positions go; when a
+-- range more than RANGES would be kept, the lowest goes and H rises to its
+-- hi: a grant starting below gives nothing more. Its permits join x g (g
+-- given back in windows that hold x, the lowest position dropped, and so
+-- every dropped one): stricter once x leaves a window, never looser.
 -- Returns the permits given.
 local function refund(req, st, wrong)
   local f = req.refund
-  if wrong or f.n < 1 or f.e <= st.C or f.e > st.T then return 0 end
-  local record
-  for _, r in ipairs(st.records) do
-    if r.s == f.s and r.e == f.e then record = r end
+  local a = f.s - f.n
+  if wrong or f.n < 1 or f.e <= st.C or f.e > st.T or f.s > st.K or a < st.H then return 0 end
+  local rows = redis.call('ZREVRANGEBYSCORE', req.key, format('%d', f.e), FIRST,
+    'WITHSCORES', 'LIMIT', '0', '2')
+  local upto, prev = st.K, st.base % COUNTS
+  if f.e ~= st.T then
+    if rows[2] ~= format('%d', f.e) then return 0 end
+    upto, rows[1], rows[2] = rows[1] + 0, rows[3], rows[4]
   end
-  if not record then
-    if f.s <= st.H then return 0 end
-    local rows = redis.call('ZREVRANGEBYSCORE', req.key, format('%d', f.e), FIRST,
-      'WITHSCORES', 'LIMIT', '0', '2')
-    local upto, prev = st.K, st.base % COUNTS
-    if f.e ~= st.T then
-      if rows[2] ~= format('%d', f.e) then return 0 end
-      upto, rows[1], rows[2] = rows[1] + 0, rows[3], rows[4]
-    end
-    if rows[1] then prev = rows[1] + 0 end
-    local before, after = (f.s - f.n - prev) % COUNTS, (upto - f.s) % COUNTS
-    if before + f.n + after ~= (upto - prev) % COUNTS then return 0 end
-    record = {s = f.s, e = f.e, given = 0}
-    st.records[#st.records + 1] = record
-  end
-  local give = math.min(f.k, f.n) - record.given
+  if rows[1] then prev = rows[1] + 0 end
+  if (a - prev) % COUNTS + f.n + (upto - f.s) % COUNTS ~= (upto - prev) % COUNTS then return 0 end
+  local r = refunded(st, a, f.s)
+  local give = math.min(f.k, f.n) - r
   if give <= 0 then return 0 end
-  record.given = record.given + give
-  if st.x > 0 and st.x <= st.C then st.x, st.g = 0, 0 end
+  local lo, hi, trimmed = a + r, a + r + give, st.base % COUNTS
   local kept = {}
-  for _, r in ipairs(st.records) do
-    if r.e > st.C then kept[#kept + 1] = r else st.H = math.max(st.H, r.s) end
+  for _, x in ipairs(st.ranges) do
+    if x.hi < lo or x.lo > hi then
+      if x.hi > trimmed or trimmed > st.K then kept[#kept + 1] = x end
+    else
+      lo, hi = math.min(lo, x.lo), math.max(hi, x.hi)
+    end
   end
-  if #kept > RECORDS then
-    table.sort(kept, function(a, b) return a.e < b.e or (a.e == b.e and a.s < b.s) end)
-    local oldest = table.remove(kept, 1)
-    st.H = math.max(st.H, oldest.s)
-    st.g = st.g + oldest.given
-    if st.x == 0 or oldest.e < st.x then st.x = oldest.e end
+  kept[#kept + 1] = {lo = lo, hi = hi}
+  table.sort(kept, function(p, q) return p.lo < q.lo end)
+  if #kept > RANGES then
+    local low = table.remove(kept, 1)
+    if st.g > 0 and st.H <= trimmed and trimmed <= st.K then st.g = 0 end
+    if st.g == 0 then st.x = low.lo end
+    st.H, st.g = math.max(st.H, low.hi), st.g + low.hi - low.lo
   end
-  st.records = kept
+  st.ranges = kept
   return give
 end
 

@@ -128,18 +128,6 @@ func ceilRat(x *big.Rat) int64 {
 	return -floorRat(new(big.Rat).Neg(x))
 }
 
-// clampRat returns x clamped to [lo, hi] (as a new value).
-func clampRat(x, lo, hi *big.Rat) *big.Rat {
-	switch {
-	case x.Cmp(lo) < 0:
-		return new(big.Rat).Set(lo)
-	case x.Cmp(hi) > 0:
-		return new(big.Rat).Set(hi)
-	default:
-		return new(big.Rat).Set(x)
-	}
-}
-
 // buckets maps a bucket index (floor(t / P), i.e. buckets aligned to the Unix
 // epoch) to the number of permits granted in that bucket. Empty buckets are
 // never stored.

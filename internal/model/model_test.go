@@ -2,7 +2,6 @@ package model
 
 import (
 	"fmt"
-	"math/big"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -311,16 +310,17 @@ var bucketTables = []struct {
 		{2500, 1, true, 0, 0, 2500}, // level 1.5 + 1
 		{5000, 0, true, 3, 0, 0},
 	}},
-	{"clock backwards: level rises, lockout bounded by C/R", []step{
+	{"clock backwards: decided at the key's time, or full when gone wrong", []step{
 		{10000, 3, true, 0, 0, 3000},
-		{0, 3, false, 0, 3000, 3000}, // level clamped at C
-		{2999, 3, false, 2, 1, 1},    // level 0.001
-		{3000, 3, true, 0, 0, 3000},
+		{0, 3, false, 0, 3000, 3000},    // 10000 behind, more than C/R: full at 0
+		{9000, 1, false, 0, 1000, 3000}, // as at the key's time 10000
+		{12500, 1, true, 1, 0, 1500},    // level 0.5 + 1
+		{12000, 1, true, 0, 0, 2500},    // as at 12500: level 1.5 + 1
 	}},
 	{"a look before the clock goes back changes nothing", []step{
 		{10000, 0, true, 3, 0, 0},   // n == 0 stores nothing
 		{9000, 1, true, 2, 0, 1000}, // level 1 at 9000, as if the look never was
-		{8000, 2, false, 1, 1000, 2000},
+		{8000, 2, true, 0, 0, 3000}, // as at the key's time 9000: level 1 + 2
 	}},
 }
 
@@ -495,27 +495,7 @@ func randomModelCases(rng *rand.Rand) []modelCase {
 // clone returns an independent deep copy of m, so that what-if requests can
 // be tried without disturbing m.
 func clone(m Model) Model {
-	copyRat := func(r *big.Rat) *big.Rat {
-		if r == nil {
-			return nil
-		}
-		return new(big.Rat).Set(r)
-	}
-	switch m := m.(type) {
-	case *FixedWindow:
-		return m.Clone()
-	case *SlidingWindow, *SlidingLog:
-		return m.Clone()
-	case *LeakyBucket:
-		c := *m
-		c.level = copyRat(m.level)
-		return &c
-	case *TokenBucket:
-		c := *m
-		c.tokens = copyRat(m.tokens)
-		return &c
-	}
-	panic(fmt.Sprintf("clone: unknown model %T", m))
+	return m.Clone()
 }
 
 // clockGoneWrong reports a call at nowUS on a sliding key whose time is
@@ -532,6 +512,17 @@ func clockGoneWrong(m Model, nowUS int64) bool {
 	}
 	_, wrong := log.keyTime(nowUS)
 	return wrong
+}
+
+// bucketOf is a bucket model's timeline, or nil.
+func bucketOf(m Model) *bucketTimeline {
+	switch m := m.(type) {
+	case *LeakyBucket:
+		return &m.b
+	case *TokenBucket:
+		return &m.b
+	}
+	return nil
 }
 
 // TestRandomProperties checks, on random traces for every model, that:
@@ -566,6 +557,11 @@ func TestRandomProperties(t *testing.T) {
 					keyT := c.t
 					if isFW && fw.opened && !wrong {
 						keyT = max(c.t, fw.startUS)
+					}
+					// A bucket's: its latest grant's time; a clock more
+					// than C/R behind it reads the bucket full at each call.
+					if b := bucketOf(m); b != nil && len(b.grants) > 0 && b.keyUS > c.t {
+						keyT, wrong = b.keyUS, b.keyUS-c.t > b.fullUS
 					}
 					r := m.Step(c.t, c.n)
 					snapshot := clone(m).Step(c.t, 0)

@@ -1,6 +1,11 @@
 package model
 
-import "fmt"
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+)
 
 // SlidingLog is the reference model of a multi-strategy sliding limiter: one
 // shared set of epoch-aligned buckets of P microseconds, and several
@@ -23,14 +28,61 @@ type SlidingLog struct {
 	buckets    buckets
 	recordedUS int64 // the key's time as of its last grant, once granted is set
 	granted    bool
-	grants     map[int64]*grant // by grant id, for refunds
+	grants     map[int64]grant // by grant id, for refunds
 	lastID     int64
+	count      int64 // every permit granted: a grant's positions are [count, count+n)
+	refunded   slidingRanges
 }
 
-// grant is one grant a refund may give back: its bucket, its permits and
-// what refunds gave back of them so far.
+// grant is one grant a refund may give back: its bucket and its positions
+// [at, at+n).
 type grant struct {
-	bucket, n, given int64
+	bucket, at, n int64
+}
+
+// maxSlidingRanges is the most ranges of refunded positions a sliding key
+// keeps, as the script does.
+const maxSlidingRanges = 16
+
+// slidingRanges is what refunds gave back, as the script keeps it
+// (RANGES.md): the refunded positions as disjoint ranges [lo, hi), sorted,
+// touching ones merged, at most maxSlidingRanges of them, and the horizon
+// below which a grant gives nothing more (stricter, never looser).
+type slidingRanges struct {
+	ranges  [][2]int64
+	horizon int64
+}
+
+// in is how many of the positions [lo, hi) are refunded.
+func (r *slidingRanges) in(lo, hi int64) int64 {
+	sum := int64(0)
+	for _, x := range r.ranges {
+		if from, to := max(x[0], lo), min(x[1], hi); to > from {
+			sum += to - from
+		}
+	}
+	return sum
+}
+
+// add refunds the positions [lo, hi), merging the ranges it touches; a
+// range more than maxSlidingRanges drops the lowest and raises the horizon
+// to its end.
+func (r *slidingRanges) add(lo, hi int64) {
+	kept := make([][2]int64, 0, len(r.ranges)+1)
+	for _, x := range r.ranges {
+		if x[1] < lo || x[0] > hi {
+			kept = append(kept, x)
+		} else {
+			lo, hi = min(lo, x[0]), max(hi, x[1])
+		}
+	}
+	kept = append(kept, [2]int64{lo, hi})
+	slices.SortFunc(kept, func(a, b [2]int64) int { return cmp.Compare(a[0], b[0]) })
+	if len(kept) > maxSlidingRanges {
+		r.horizon = max(r.horizon, kept[0][1])
+		kept = kept[1:]
+	}
+	r.ranges = kept
 }
 
 // NewSlidingLog returns a sliding-log model with buckets of precisionUS
@@ -43,7 +95,7 @@ func NewSlidingLog(precisionUS int64, limits, windowsUS []int64) *SlidingLog {
 		panic(fmt.Sprintf("model: invalid sliding log precisionUS=%d limits=%v windowsUS=%v",
 			precisionUS, limits, windowsUS))
 	}
-	m := &SlidingLog{precisionUS: precisionUS, buckets: buckets{}, grants: map[int64]*grant{}}
+	m := &SlidingLog{precisionUS: precisionUS, buckets: buckets{}, grants: map[int64]grant{}}
 	for i := range limits {
 		if limits[i] < 0 || windowsUS[i] < precisionUS ||
 			(i > 0 && (limits[i] <= limits[i-1] || windowsUS[i] < windowsUS[i-1])) {
@@ -61,7 +113,7 @@ func NewSlidingLog(precisionUS int64, limits, windowsUS []int64) *SlidingLog {
 // Reset forgets all buckets.
 func (m *SlidingLog) Reset() {
 	m.buckets, m.granted, m.recordedUS = buckets{}, false, 0
-	m.grants = map[int64]*grant{}
+	m.grants, m.count, m.refunded = map[int64]grant{}, 0, slidingRanges{}
 }
 
 // keyTime returns the time a call at nowUS decides at, and whether the
@@ -131,13 +183,16 @@ func (m *SlidingLog) Step(nowUS int64, n int64) Result {
 		}
 		res.Allowed = true
 		if wrong {
-			// The key moves to this clock's timeline, carrying what it held.
-			m.buckets, m.grants = view, map[int64]*grant{}
+			// The key moves to this clock's timeline, carrying what it held;
+			// no earlier grant refunds.
+			m.buckets, m.grants = view, map[int64]grant{}
+			m.refunded = slidingRanges{horizon: m.count}
 		}
 		m.buckets[b] += n
 		m.recordedUS, m.granted = t, true
 		m.lastID++
-		m.grants[m.lastID] = &grant{bucket: b, n: n}
+		m.grants[m.lastID] = grant{bucket: b, at: m.count, n: n}
+		m.count += n
 		res.GrantID = m.lastID
 		for i := range counts {
 			counts[i] += n
@@ -165,20 +220,24 @@ func (m *SlidingLog) Step(nowUS int64, n int64) Result {
 // them in all were given back, as far as the key still counts them: while
 // the grant's bucket is in the longest window at the key's recorded time
 // (a call decides there at the earliest), and not on a clock gone wrong
-// (nor after a grant on one moved the key). It returns the permits this
-// call gave back. ResetAfter keeps counting the grant's bucket until it
-// leaves the window.
+// (nor after a grant on one moved the key), as the script keeps refunds
+// (slidingRanges): what a grant gave back is the refunded prefix of its
+// positions, and a grant starting below the horizon gives nothing. It
+// returns the permits this call gave back. ResetAfter keeps counting the
+// grant's bucket until it leaves the window.
 func (m *SlidingLog) Refund(nowUS, grantID, k int64) int64 {
 	_, wrong := m.keyTime(nowUS)
-	g := m.grants[grantID]
-	if wrong || g == nil || g.bucket <= floorDiv(m.recordedUS, m.precisionUS)-m.nbMax {
+	g, ok := m.grants[grantID]
+	if wrong || !ok || g.bucket <= floorDiv(m.recordedUS, m.precisionUS)-m.nbMax ||
+		g.at < m.refunded.horizon {
 		return 0
 	}
-	give := min(k, g.n) - g.given
+	r := m.refunded.in(g.at, g.at+g.n)
+	give := min(k, g.n) - r
 	if give <= 0 {
 		return 0
 	}
-	g.given += give
+	m.refunded.add(g.at+r, g.at+r+give)
 	// A bucket refunded to nothing stays until it leaves the window: a
 	// refund changes counts, not when the key is back in its initial
 	// state (ResetAfter), as the scripts keep it.
@@ -190,10 +249,7 @@ func (m *SlidingLog) Refund(nowUS, grantID, k int64) int64 {
 func (m *SlidingLog) Clone() Model {
 	c := *m
 	c.buckets = m.buckets.clone()
-	c.grants = make(map[int64]*grant, len(m.grants))
-	for id, g := range m.grants {
-		copied := *g
-		c.grants[id] = &copied
-	}
+	c.grants = maps.Clone(m.grants)
+	c.refunded.ranges = slices.Clone(m.refunded.ranges)
 	return &c
 }

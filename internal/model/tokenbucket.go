@@ -10,14 +10,16 @@ import (
 // refilled at R = count/perUS tokens per microsecond; a request for n permits
 // is granted iff τ >= n, and then takes n tokens. Arithmetic is exact
 // (math/big.Rat).
+//
+// The missing tokens C - τ are kept as the grants that took them, the
+// oldest refilled first, at the key's time (see bucketTimeline): a call
+// decides at the later of its clock and that time, as at that time. Only
+// a grant or a refund changes the state.
 type TokenBucket struct {
-	capacity *big.Rat // C
-	rate     *big.Rat // R, tokens per microsecond
-
-	hasState bool     // whether (tokens, lastUS) is set; if not, the bucket is full
-	tokens   *big.Rat // τ at lastUS
-	lastUS   int64
+	b bucketTimeline
 }
+
+var _ Refunder = (*TokenBucket)(nil)
 
 // NewTokenBucket returns a token-bucket model of the given capacity refilled
 // with count tokens per perUS microseconds. It panics if capacity < 0,
@@ -27,66 +29,41 @@ func NewTokenBucket(capacity, count, perUS int64) *TokenBucket {
 		panic(fmt.Sprintf("model: invalid token bucket capacity=%d count=%d perUS=%d",
 			capacity, count, perUS))
 	}
-	return &TokenBucket{
-		capacity: big.NewRat(capacity, 1),
-		rate:     big.NewRat(count, perUS),
-	}
+	return &TokenBucket{newBucketTimeline(capacity, count, perUS)}
 }
 
-// Reset fills the bucket and forgets the last update time.
-func (m *TokenBucket) Reset() {
-	m.hasState, m.tokens, m.lastUS = false, nil, 0
-}
+// Reset fills the bucket and forgets the key's time.
+func (m *TokenBucket) Reset() { m.b.reset() }
 
-// tokensAt returns τ(t) = clamp(τ0 + (t - t0)·R, 0, C), and whether it was
-// clamped at 0: for t < t0 (the clock went backwards) tokens are lost, and
-// below 0 the bucket reads as empty. Without state the bucket is full.
-func (m *TokenBucket) tokensAt(t int64) (*big.Rat, bool) {
-	if !m.hasState {
-		return new(big.Rat).Set(m.capacity), false
-	}
-	refill := new(big.Rat).Mul(big.NewRat(t-m.lastUS, 1), m.rate)
-	tokens := new(big.Rat).Add(m.tokens, refill)
-	return clampRat(tokens, new(big.Rat), m.capacity), tokens.Sign() < 0
-}
-
-// Step decides a request for n permits at time nowUS. Like the scripts, it
-// stores the token count only when it grants, or when the clock went back
-// so far that the bucket read as empty (so that no key stays empty for
-// longer than C/R from now): a denial or n == 0 otherwise changes nothing.
+// Step decides a request for n permits at time nowUS: τ = C - ℓ, where
+// ℓ is the missing tokens.
 func (m *TokenBucket) Step(nowUS int64, n int64) Result {
-	t, C := nowUS, m.capacity
-	tokens, empty := m.tokensAt(t)
+	C, R := m.b.capacity, m.b.rate
+	allowed, missing, id := m.b.step(nowUS, n)
+	tokens := new(big.Rat).Sub(C, missing)
 	need := big.NewRat(n, 1)
-
-	res := Result{Limit: floorRat(C)}
+	res := Result{Limit: floorRat(C), Allowed: allowed, GrantID: id}
 	switch {
 	case need.Cmp(C) > 0: // n > C
 		res.RetryAfterUS = Never
-	case n == 0:
-		res.Allowed = true
-	case tokens.Cmp(need) >= 0:
-		res.Allowed = true
-		tokens = new(big.Rat).Sub(tokens, need)
-	default:
+	case !allowed:
 		// ceil((n - τ) / R)
-		missing := new(big.Rat).Sub(need, tokens)
-		res.RetryAfterUS = ceilRat(missing.Quo(missing, m.rate))
+		short := new(big.Rat).Sub(need, tokens)
+		res.RetryAfterUS = ceilRat(short.Quo(short, R))
 	}
-
-	if (res.Allowed && n > 0) || empty {
-		m.hasState, m.tokens, m.lastUS = true, tokens, t
-	}
-
 	res.Remaining = floorRat(tokens)
-	missing := new(big.Rat).Sub(C, tokens)
-	res.ResetAfterUS = ceilRat(missing.Quo(missing, m.rate))
+	res.ResetAfterUS = ceilRat(new(big.Rat).Quo(missing, R))
 	return res
 }
 
-// Clone returns an independent copy of m (its numbers are never changed in
-// place, so they are shared).
+// Refund gives back tokens of the grant grantID until k of them in all
+// have been given back, as far as they have not been refilled; it returns
+// the whole tokens this call gave back.
+func (m *TokenBucket) Refund(nowUS, grantID, k int64) int64 {
+	return floorRat(m.b.refund(nowUS, grantID, k))
+}
+
+// Clone returns an independent copy of m.
 func (m *TokenBucket) Clone() Model {
-	c := *m
-	return &c
+	return &TokenBucket{m.b.clone()}
 }

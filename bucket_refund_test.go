@@ -1,0 +1,294 @@
+package redlimit
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/model"
+	"github.com/redlimit/redlimit/internal/testseed"
+)
+
+// Refunds of the buckets' grants (issue 35): the key is left as it would
+// be had the grant taken k fewer permits, as far as they are still in the
+// bucket (its oldest permits drain first), at most once, never looser.
+
+// lookBucket is l's Result for n == 0 on key.
+func lookBucket(t *testing.T, l Limiter, key string) Result {
+	t.Helper()
+	r, err := l.AllowN(context.Background(), key, 0)
+	require.NoError(t, err)
+	return r
+}
+
+// Step by step, on a bucket of 10 at 1 a second: what a refund gives back,
+// twice, past what was given, after some permits drained, after all did.
+func TestBucketRefundSteps(t *testing.T) {
+	t.Parallel()
+	for _, alg := range bucketAlgorithms {
+		t.Run(alg, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, b backend) {
+				b.keepKeys()
+				ctx := context.Background()
+				clock := newClock()
+				l, err := newBucket(alg, b.rdb, 10, PerSecond(1), WithClock(clock.Now))
+				require.NoError(t, err)
+
+				r, err := l.AllowN(ctx, "k", 5)
+				require.NoError(t, err)
+				g := r.Grant
+				require.Equal(t, 5, g.N())
+				require.NoError(t, g.Refund(ctx, 2))
+				require.Equal(t, Result{Allowed: true, Limit: 10, Remaining: 7, ResetAfter: 3 * time.Second}, lookBucket(t, l, "k"),
+					"two of five given back at once: as if the grant took 3")
+				require.NoError(t, g.Refund(ctx, 2), "the same refund again is no error")
+				require.Equal(t, 7, lookBucket(t, l, "k").Remaining, "the same refund again gives nothing")
+				require.NoError(t, g.Refund(ctx, 1))
+				require.Equal(t, 7, lookBucket(t, l, "k").Remaining, "a refund of less than was given back gives nothing")
+				require.ErrorIs(t, g.Refund(ctx, 6), ErrInvalidArgument, "more than the grant took")
+
+				clock.Advance(time.Second) // the grant's first permit drained
+				r, err = l.AllowN(ctx, "k", 4)
+				require.NoError(t, err)
+				g2 := r.Grant
+				require.Equal(t, 4, lookBucket(t, l, "k").Remaining, "2 of the first grant and 4")
+				require.NoError(t, g.Refund(ctx, 4), "two more of the first grant")
+				require.Equal(t, Result{Allowed: true, Limit: 10, Remaining: 6, ResetAfter: 4 * time.Second}, lookBucket(t, l, "k"),
+					"as if the first grant took 1, drained now")
+				require.NoError(t, g.Refund(ctx, 5))
+				require.Equal(t, 6, lookBucket(t, l, "k").Remaining, "the first grant's last permit drained: nothing more")
+
+				clock.Advance(2500 * time.Millisecond) // 1.5 of the second grant's 4 left
+				require.NoError(t, g2.Refund(ctx, 4))
+				require.Equal(t, Result{Allowed: true, Limit: 10, Remaining: 10}, lookBucket(t, l, "k"),
+					"the part of a grant still in the bucket, and no more")
+				clock.Advance(time.Hour)
+				require.NoError(t, g2.Refund(ctx, 4))
+				r, err = l.AllowN(ctx, "k", 10)
+				require.NoError(t, err)
+				require.True(t, r.Allowed, "a refund after every permit drained gives nothing, and breaks nothing")
+				require.Zero(t, lookBucket(t, l, "k").Remaining)
+			})
+		})
+	}
+}
+
+// A refund keeps the key's TTL (it never shortens it), does not move the
+// key's time, and gives nothing from a clock gone wrong; from a clock
+// behind the key's time it gives as at that time.
+func TestBucketRefundClocksAndTTL(t *testing.T) {
+	t.Parallel()
+	for _, alg := range bucketAlgorithms {
+		t.Run(alg, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, b backend) {
+				ctx := context.Background()
+				clock := newClock()
+				l, err := newBucket(alg, b.rdb, 10, PerSecond(1), WithClock(clock.Now))
+				require.NoError(t, err)
+				key := keyPrefix(l) + "k"
+
+				r, err := l.AllowN(ctx, "k", 4)
+				require.NoError(t, err)
+				before := b.rdb.PTTL(ctx, key).Val()
+				clock.Advance(-500 * time.Millisecond) // behind the key's time
+				require.NoError(t, r.Grant.Refund(ctx, 1))
+				require.GreaterOrEqual(t, b.rdb.PTTL(ctx, key).Val(), before-100*time.Millisecond, "a refund keeps the TTL")
+				require.Equal(t, Result{Allowed: true, Limit: 10, Remaining: 7, ResetAfter: 3 * time.Second}, lookBucket(t, l, "k"),
+					"given back as at the key's time, which did not move")
+
+				clock.Advance(-time.Minute) // gone wrong: more than a full drain behind
+				require.NoError(t, r.Grant.Refund(ctx, 4))
+				clock.Advance(time.Minute)
+				require.Equal(t, 7, lookBucket(t, l, "k").Remaining, "a clock gone wrong gives nothing back")
+				require.NoError(t, r.Grant.Refund(ctx, 4))
+				require.Equal(t, 10, lookBucket(t, l, "k").Remaining, "back on the key's time it does")
+			})
+		})
+	}
+}
+
+// Random traces of grants, denials, n == 0 and partial refunds (of any
+// grant, twice, summing past what was given, after the permits drained):
+// never looser than the reference model, and exactly it while every refund
+// is of a grant's permits that nothing but its own refunds moved.
+func TestBucketRefundTracesAgainstModel(t *testing.T) {
+	t.Parallel()
+	offset := testseed.Offset(t)
+	traces := 8
+	if testing.Short() {
+		traces = 4
+	}
+	for _, alg := range bucketAlgorithms {
+		t.Run(alg, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, b backend) {
+				b.keepKeys()
+				ctx := context.Background()
+				for trace := range traces {
+					seed := uint64(trace) + offset
+					rng := rand.New(rand.NewPCG(seed, 35))
+					capacity := 2 + rng.IntN(9)
+					rate := Rate{Count: 1 + rng.IntN(4), Per: time.Duration(1+rng.IntN(8)) * 100 * ms}
+					full := time.Duration(int64(capacity) * int64(rate.Per) / int64(rate.Count))
+					// Half the traces refund only the latest grant, once, at
+					// once: those must be exact.
+					exact := trace%2 == 0
+					clock := newClock()
+					l, err := newBucket(alg, b.rdb, capacity, rate, WithClock(clock.Now))
+					require.NoError(t, err)
+					m := newBucketModel(alg, capacity, rate)
+					refunder := m.(model.Refunder)
+					type grant struct {
+						g  Grant
+						id int64
+					}
+					var grants []grant
+					key := fmt.Sprintf("refund-trace-%d", trace)
+					msg := func(i int, what string) string {
+						return fmt.Sprintf("trace %d (seed %d, %d at %v) step %d: %s", trace, seed, capacity, rate, i, what)
+					}
+					for i := range 120 {
+						clock.Advance(time.Duration(rng.Int64N(int64(full)/int64(capacity)+1)) / 2)
+						now := clock.now.UnixMicro()
+						if len(grants) > 0 && rng.IntN(3) == 0 {
+							pick := len(grants) - 1
+							if !exact {
+								pick = rng.IntN(len(grants))
+							}
+							g := grants[pick]
+							k := 1 + rng.IntN(g.g.N())
+							require.NoError(t, g.g.Refund(ctx, k), msg(i, "refund"))
+							refunder.Refund(now, g.id, int64(k))
+							if exact {
+								grants = nil // once: a second refund's shift is rounded to the µs
+							}
+							got, want := lookBucket(t, l, key), modelToResult(m.Step(now, 0))
+							if exact {
+								require.Equal(t, want, got, msg(i, fmt.Sprintf("after refunding %d of %d", k, g.g.N())))
+							} else {
+								require.LessOrEqual(t, got.Remaining, want.Remaining, msg(i, "never looser after a refund"))
+							}
+							continue
+						}
+						n := rng.IntN(capacity + 1)
+						// After a refund of an earlier grant the script may
+						// be stricter: the model decides the same call on a
+						// copy, and on itself only when the script grants.
+						want := m.Clone().Step(now, int64(n))
+						got, err := l.AllowN(ctx, key, n)
+						require.NoError(t, err)
+						if exact {
+							require.Equal(t, modelToResult(want), withoutGrant(got), msg(i, fmt.Sprintf("n=%d", n)))
+						} else {
+							require.True(t, !got.Allowed || want.Allowed, msg(i, fmt.Sprintf("n=%d granted where the model denies", n)))
+							if !got.Allowed {
+								want = m.Clone().Step(now, 0) // what the model has left without it
+							}
+							require.LessOrEqual(t, int64(got.Remaining), want.Remaining, msg(i, "never looser"))
+						}
+						if got.Allowed && n > 0 {
+							grants = append(grants, grant{got.Grant, m.Step(now, int64(n)).GrantID})
+							if exact {
+								grants = grants[len(grants)-1:]
+							}
+						}
+						if exact && rng.IntN(2) == 0 {
+							grants = nil // only refunds right after their grant
+						}
+					}
+				}
+			})
+		})
+	}
+}
+
+// Two configurations share a key (WithPrefix): a grant by either, refunded
+// in full at once, leaves every configuration what it has on a twin key
+// that never saw the grant, then and later; partly, or later, never more.
+func TestBucketRefundSharedKey(t *testing.T) {
+	t.Parallel()
+	for _, alg := range bucketAlgorithms {
+		t.Run(alg, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, b backend) {
+				b.keepKeys()
+				ctx := context.Background()
+				for ci, byFast := range []bool{false, true} {
+					clock := newClock()
+					opts := []Option{WithPrefix(fmt.Sprintf("refund-shared:%d:", ci)), WithClock(clock.Now)}
+					slow, err := newBucket(alg, b.rdb, 5, PerMinute(1), opts...)
+					require.NoError(t, err)
+					fast, err := newBucket(alg, b.rdb, 20, PerMinute(10), opts...)
+					require.NoError(t, err)
+					for _, key := range []string{"key", "twin"} {
+						_, err := slow.AllowN(ctx, key, 1)
+						require.NoError(t, err)
+						_, err = fast.AllowN(ctx, key, 2)
+						require.NoError(t, err)
+					}
+					l := slow
+					if byFast {
+						l = fast
+					}
+					r, err := l.AllowN(ctx, "key", 2)
+					require.NoError(t, err)
+					require.True(t, r.Allowed)
+					require.NoError(t, r.Grant.Refund(ctx, 2))
+					require.NoError(t, r.Grant.Refund(ctx, 2))
+					for _, at := range []time.Duration{0, 10 * time.Second, time.Minute, 3 * time.Minute} {
+						clock.now = epoch.Add(at)
+						for _, c := range []Limiter{slow, fast} {
+							onKey, onTwin := lookBucket(t, c, "key"), lookBucket(t, c, "twin")
+							require.Equal(t, onTwin.Remaining, onKey.Remaining,
+								"refunded by the faster %v, %v on: the key is its twin", byFast, at)
+							require.LessOrEqual(t, onKey.ResetAfter, onTwin.ResetAfter+time.Microsecond,
+								"refunded by the faster %v, %v on: the key resets no later than its twin", byFast, at)
+						}
+					}
+				}
+			})
+		})
+	}
+}
+
+// A key keeps the records of at most 16 refunded grants: a refund of a
+// grant whose record was dropped gives nothing (stricter, never looser),
+// and the state stays bounded whatever the number of grants and refunds.
+func TestBucketRefundRecordsBounded(t *testing.T) {
+	t.Parallel()
+	for _, alg := range bucketAlgorithms {
+		t.Run(alg, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, b backend) {
+				b.keepKeys()
+				ctx := context.Background()
+				clock := newClock()
+				l, err := newBucket(alg, b.rdb, 100, PerHour(1), WithClock(clock.Now))
+				require.NoError(t, err)
+				var grants []Grant
+				for range 40 {
+					r, err := l.AllowN(ctx, "k", 2)
+					require.NoError(t, err)
+					require.True(t, r.Allowed)
+					grants = append(grants, r.Grant)
+				}
+				for _, g := range grants {
+					require.NoError(t, g.Refund(ctx, 1))
+				}
+				require.Equal(t, 60, lookBucket(t, l, "k").Remaining, "40 grants of 2, each gave 1 back")
+				require.LessOrEqual(t, b.rdb.StrLen(ctx, keyPrefix(l)+"k").Val(), int64(600), "the state's records are bounded")
+				for _, g := range grants {
+					require.NoError(t, g.Refund(ctx, 2))
+				}
+				// The last 16 grants' records are kept: each gives its
+				// second permit; the 24 before them gave their record up.
+				require.Equal(t, 76, lookBucket(t, l, "k").Remaining, "only grants with a record give more")
+				for _, g := range grants {
+					require.NoError(t, g.Refund(ctx, 2))
+				}
+				require.Equal(t, 76, lookBucket(t, l, "k").Remaining, "at most once, records or not")
+			})
+		})
+	}
+}
