@@ -267,8 +267,9 @@ type batch struct {
 	start, resetAt time.Time
 	// Guarded by the shard's lock:
 	held int // permits not handed out, not claimed
-	// remaining is the least Remaining Redis reported on the key since
-	// the batch: its own, or a later call's of this limiter.
+	// remaining and resetAt (above) are the least Remaining and the
+	// latest reset Redis reported on the key since the batch: its own, or
+	// a later call's of this limiter (learn).
 	remaining int64
 	claimed   int  // permits claimed by waiting calls, not handed out yet
 	retired   bool // hands out nothing more
@@ -366,12 +367,13 @@ func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, 
 			r.inflight++
 			sh.mu.Unlock()
 			res, reply, err := l.decideReply(ctx, key, n)
+			answered := time.Now()
 			sh.mu.Lock()
 			r.inflight--
 			if err == nil && !reply.FromFallback {
 				r.lastRemaining = reply.Remaining
-				if r.b != nil && reply.Allowed {
-					r.b.remaining = min(r.b.remaining, reply.Remaining)
+				if r.b != nil {
+					r.b.learn(reply, answered, rs.now())
 				}
 			}
 			rs.tidy(sh, key, r)
@@ -520,6 +522,20 @@ func (b *batch) until(held int) time.Time {
 		return u
 	}
 	return t
+}
+
+// learn makes b's Results no looser than a later reply of Redis on its
+// key, which came back at answered (now on the limiter's clock). The
+// shard's lock is held.
+func (b *batch) learn(r engine.Reply, answered, now time.Time) {
+	b.remaining = min(b.remaining, r.Remaining)
+	at := answered.Add(r.ResetAfter)
+	if b.rs.clock != nil {
+		at = now.Add(r.ResetAfter)
+	}
+	if at.After(b.resetAt) {
+		b.resetAt = at
+	}
 }
 
 // handOut returns the Grant of n permits handed out from b.

@@ -344,66 +344,77 @@ func makeBusy(t *testing.T, l Limiter, g *gate, key string) {
 
 // TestReservationBounds: another process finds the key stricter by the
 // permits held, and no more; it gets them back when the hold passes, and
-// at once on Close. Calls answered from held permits make no round trip
-// and are Decision.Local.
+// at once on Close. Calls answered from held permits make no round trip,
+// are Decision.Local, and report what Redis reports of the key. Every
+// algorithm, on a period long enough that the clock's steps regain
+// nothing.
 func TestReservationBounds(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, b backend) {
-		b.keepKeys()
-		ctx := context.Background()
-		clock := newAtomicClock()
-		g := &gate{}
-		rec := &commandRecorder{}
-		rdb := sameServer(t, b)
-		rdb.AddHook(beforeDecision{do: g.do})
-		rdb.AddHook(rec)
-		var mu sync.Mutex
-		var seen []Decision
-		a, err := NewFixedWindow(rdb, 100, time.Minute, WithClock(clock.Now), WithReservation(10, time.Second),
-			WithObserver(func(d Decision) { mu.Lock(); seen = append(seen, d); mu.Unlock() }))
-		require.NoError(t, err)
-		other, err := NewFixedWindow(sameServer(t, b), 100, time.Minute, WithClock(clock.Now))
-		require.NoError(t, err)
+	for _, alg := range reservedAlgorithms {
+		t.Run(alg.name, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, b backend) {
+				b.keepKeys()
+				ctx := context.Background()
+				clock := newAtomicClock()
+				g := &gate{}
+				rec := &commandRecorder{}
+				rdb := sameServer(t, b)
+				rdb.AddHook(beforeDecision{do: g.do})
+				rdb.AddHook(rec)
+				var mu sync.Mutex
+				var seen []Decision
+				l, err := alg.new(rdb, 100, forever, WithClock(clock.Now), WithReservation(10, time.Second),
+					WithObserver(func(d Decision) { mu.Lock(); seen = append(seen, d); mu.Unlock() }))
+				require.NoError(t, err)
+				a := l.(reserving)
+				other, err := alg.new(sameServer(t, b), 100, forever, WithClock(clock.Now))
+				require.NoError(t, err)
 
-		makeBusy(t, a, g, "k")
-		require.Equal(t, 96, remaining(t, other, "k"), "2 handed out, 2 held: stricter by the 2 held")
+				makeBusy(t, a, g, "k")
+				require.Equal(t, 96, remaining(t, other, "k"), "2 handed out, 2 held: stricter by the 2 held")
+				redis, err := other.AllowN(ctx, "k", 0)
+				require.NoError(t, err)
 
-		rec.take()
-		mu.Lock()
-		seen = nil
-		mu.Unlock()
-		for i := 0; i < 2; i++ {
-			res, err := a.Allow(ctx, "k")
-			require.NoError(t, err)
-			require.Equal(t, Result{Allowed: true, Limit: 100, Remaining: 96, ResetAfter: time.Minute}, withoutGrant(res), "from the held permits: the batch's Result")
-		}
-		require.Zero(t, rec.scripts(), "held permits answer without a round trip")
-		mu.Lock()
-		require.Len(t, seen, 2)
-		for _, d := range seen {
-			require.True(t, d.Local, "observers see a call answered from held permits as Local: %+v", d)
-		}
-		mu.Unlock()
-		require.Equal(t, 96, remaining(t, other, "k"), "all 4 handed out: exact")
+				rec.take()
+				mu.Lock()
+				seen = nil
+				mu.Unlock()
+				for i := 0; i < 2; i++ {
+					res, err := a.Allow(ctx, "k")
+					require.NoError(t, err)
+					require.Equal(t, Result{Allowed: true, Limit: redis.Limit, Remaining: redis.Remaining, ResetAfter: redis.ResetAfter}, withoutGrant(res),
+						"from the held permits: what Redis says of the key")
+				}
+				require.Zero(t, rec.scripts(), "held permits answer without a round trip")
+				mu.Lock()
+				require.Len(t, seen, 2)
+				for _, d := range seen {
+					require.True(t, d.Local, "observers see a call answered from held permits as Local: %+v", d)
+				}
+				mu.Unlock()
+				require.Equal(t, 96, remaining(t, other, "k"), "all 4 handed out: exact")
 
-		// Busy still (its batch ran out within the hold): the next call
-		// takes a batch sized to the demand seen, 2 calls and itself.
-		res, err := a.Allow(ctx, "k")
-		require.NoError(t, err)
-		require.Equal(t, 92, res.Remaining, "a batch of 1 + 3")
-		require.Equal(t, 92, remaining(t, other, "k"), "5 handed out, 3 held")
+				// Busy still (its batch ran out within the hold): the next
+				// call takes a batch sized to the demand seen, 2 calls and
+				// itself.
+				res, err := a.Allow(ctx, "k")
+				require.NoError(t, err)
+				require.Equal(t, 92, res.Remaining, "a batch of 1 + 3")
+				require.Equal(t, 92, remaining(t, other, "k"), "5 handed out, 3 held")
 
-		clock.Advance(time.Second)
-		reserverOf(a).sweep() // the timer, at its time
-		require.Equal(t, 95, remaining(t, other, "k"), "the hold passed: the 3 held are back")
+				clock.Advance(time.Second)
+				reserverOf(a).sweep() // the timer, at its time
+				require.Equal(t, 95, remaining(t, other, "k"), "the hold passed: the 3 held are back")
 
-		makeBusy(t, a, g, "k")
-		require.Equal(t, 91, remaining(t, other, "k"), "7 handed out, 2 held")
-		require.NoError(t, a.Close(ctx))
-		require.Equal(t, 93, remaining(t, other, "k"), "Close gives the 2 held back at once")
-		res, err = a.Allow(ctx, "k")
-		require.NoError(t, err)
-		require.Equal(t, 92, res.Remaining, "closed: decided by Redis")
-	})
+				makeBusy(t, a, g, "k")
+				require.Equal(t, 91, remaining(t, other, "k"), "7 handed out, 2 held")
+				require.NoError(t, a.Close(ctx))
+				require.Equal(t, 93, remaining(t, other, "k"), "Close gives the 2 held back at once")
+				res, err = a.Allow(ctx, "k")
+				require.NoError(t, err)
+				require.Equal(t, 92, res.Remaining, "closed: decided by Redis")
+			})
+		})
+	}
 }
 
 // TestReservationHoldTimer: without a fake clock, the limiter's timer
