@@ -571,3 +571,134 @@ func TestReservationConfig(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, l.Close(context.Background()), "without a reservation Close has nothing to return")
 }
+
+// recordingLimiter is a fallback that allows everything and records the
+// n of each call.
+type recordingLimiter struct {
+	mu sync.Mutex
+	ns []int
+}
+
+func (r *recordingLimiter) AllowN(_ context.Context, _ string, n int) (Result, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ns = append(r.ns, n)
+	return Result{Allowed: true, Limit: 1000, Remaining: 1000}, nil
+}
+
+func (r *recordingLimiter) Allow(ctx context.Context, key string) (Result, error) {
+	return r.AllowN(ctx, key, 1)
+}
+
+func (r *recordingLimiter) TryAcquire(ctx context.Context, key string) error {
+	_, err := r.AllowN(ctx, key, 1)
+	return err
+}
+
+func (r *recordingLimiter) Reset(context.Context, string) error { return nil }
+
+// TestReservationFallback: a batch asked of a Redis that fails is decided
+// by the fallback for its caller's n alone: nothing is held from a
+// fallback.
+func TestReservationFallback(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := newMiniClient(t, m)
+	g := &gate{}
+	rdb.AddHook(beforeDecision{do: g.do})
+	fb := &recordingLimiter{}
+	var fellBack atomic.Int64
+	a, err := NewFixedWindow(rdb, 100, time.Minute, WithFallback(fb), WithReservation(10, time.Hour),
+		WithObserver(func(d Decision) {
+			if d.Fallback {
+				fellBack.Add(1)
+			}
+		}))
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	m.SetError("simulated outage")
+	entered, release := g.arm()
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.Allow(ctx, "k")
+		done <- err
+	}()
+	<-entered
+	res, err := a.Allow(ctx, "k") // busy: asks for a batch, which Redis cannot decide
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	close(release)
+	require.NoError(t, <-done)
+	fb.mu.Lock()
+	require.Equal(t, []int{1, 1}, fb.ns, "the fallback decides each call's own n")
+	fb.mu.Unlock()
+	require.EqualValues(t, 2, fellBack.Load(), "observers see both calls decided by the fallback")
+}
+
+// TestReservationDenyCache: with a deny cache, a hot key's grants come
+// from batches, never past the limit, and its denials from the cache.
+func TestReservationDenyCache(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		rec := &commandRecorder{}
+		rdb := sameServer(t, b)
+		rdb.AddHook(rec)
+		clock := newAtomicClock()
+		l, err := NewFixedWindow(rdb, 50, time.Minute, WithClock(clock.Now), WithDenyCache(16), WithReservation(16, time.Minute))
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		var allowed atomic.Int64
+		for g := 0; g < 32; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for c := 0; c < 20; c++ {
+					if res, err := l.Allow(context.Background(), "hot"); err == nil && res.Allowed {
+						allowed.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		require.LessOrEqual(t, allowed.Load(), int64(50), "never past the limit")
+		require.Greater(t, allowed.Load(), int64(30), "stricter by at most what was held")
+		rec.take()
+		res, err := l.Allow(context.Background(), "hot")
+		require.NoError(t, err)
+		if !res.Allowed {
+			require.Zero(t, rec.decided(keyPrefix(l)+"hot"), "a denial the cache holds costs no round trip")
+		}
+		require.NoError(t, l.Close(context.Background()))
+	})
+}
+
+// TestReservationCluster: on a Cluster, batches and their refunds are
+// single-key scripts like any call.
+func TestReservationCluster(t *testing.T) {
+	skipShort(t, "cluster test: starts a 3-master Redis Cluster")
+	clusterScripts.RLock()
+	defer clusterScripts.RUnlock()
+	cc := dialCluster(t)
+	l, err := NewFixedWindow(cc, 10_000, time.Hour, WithReservation(32, time.Minute))
+	require.NoError(t, err)
+	other, err := NewFixedWindow(cc, 10_000, time.Hour)
+	require.NoError(t, err)
+	ctx := context.Background()
+	key := fmt.Sprintf("%s:%d", t.Name(), time.Now().UnixNano())
+	var wg sync.WaitGroup
+	var allowed atomic.Int64
+	for g := 0; g < 32; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := 0; c < 20; c++ {
+				if res, err := l.Allow(ctx, key); err == nil && res.Allowed {
+					allowed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.EqualValues(t, 640, allowed.Load())
+	require.NoError(t, l.Close(ctx))
+	require.Equal(t, 10_000-640, remaining(t, other, key), "Close gave back every permit held")
+}
