@@ -467,17 +467,6 @@ func (l *limiter) built() error {
 	return nil
 }
 
-// windowOf returns the Window of this limiter's limit of size limit, or 0
-// when it has none of that size (a fallback's share).
-func (l *limiter) windowOf(limit int) time.Duration {
-	for i, own := range l.limits {
-		if own == limit {
-			return l.windows[i]
-		}
-	}
-	return 0
-}
-
 // redisKey returns the Redis key that holds key's state: the limiter's
 // prefix (WithPrefix's, or the default redlimit:<algorithm>:<config>:)
 // followed by key. The tests read state through it.
