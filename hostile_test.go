@@ -244,8 +244,8 @@ func manyBuckets(t *testing.T, l Limiter, clock *fakeClock, key string, buckets 
 
 // Thousands of buckets leaving the window at once: every call decides, and
 // exactly (a window's count is a difference of cumulative counts, whatever
-// has been trimmed); grants that open buckets trim at most 8 dead ones at a
-// time, once every 8 permits.
+// has been trimmed); grants that open buckets trim dead ones, a bounded
+// number at a time.
 func TestSlidingManyBucketsLeaveAtOnce(t *testing.T) {
 	skipShort(t, "builds keys of thousands of buckets")
 	t.Parallel()
@@ -298,7 +298,12 @@ func TestSlidingManyBucketsLeaveAtOnce(t *testing.T) {
 					require.True(t, r.Allowed)
 					require.Equal(t, a.remaining(buckets)-1-i, r.Remaining)
 				}
-				require.Equal(t, size+8-8, b.rdb.ZCard(ctx, keyPrefix(l)+"k").Val(), "8 grants in new buckets trim 8 dead ones")
+				// They trim dead ones as they go, a bounded number a call
+				// (property 9): the set does not grow, and shrinks by no
+				// more than a few dozen.
+				after := b.rdb.ZCard(ctx, keyPrefix(l)+"k").Val()
+				require.Less(t, after, size+8, "8 grants in new buckets trim dead ones")
+				require.GreaterOrEqual(t, after, size+8-8*16, "a call trims a bounded number of dead buckets")
 			})
 		})
 	}

@@ -479,16 +479,16 @@ func (l *limiter) TryAcquire(ctx context.Context, key string) error {
 		return err
 	}
 	if l.reserve != nil {
-		res, fromFallback, err := l.reserve.allowN(ctx, key, 1)
+		res, r, err := l.reserve.allowN(ctx, key, 1)
 		switch {
 		case err != nil:
 			return err
 		case res.Allowed:
 			return nil
-		case fromFallback:
+		case r.FromFallback:
 			return l.fallbackDenial(res)
 		}
-		return &ViolationStrategyError{Limit: res.Limit, Window: l.windowOf(res.Limit), RetryAfter: res.RetryAfter}
+		return &ViolationStrategyError{Limit: l.limits[r.Strategy], Window: l.windows[r.Strategy], RetryAfter: r.RetryAfter}
 	}
 	r, err := l.engine.Decide(ctx, key, 1)
 	if err != nil {
@@ -503,14 +503,8 @@ func (l *limiter) TryAcquire(ctx context.Context, key string) error {
 	return &ViolationStrategyError{Limit: l.limits[r.Strategy], Window: l.windows[r.Strategy], RetryAfter: r.RetryAfter}
 }
 
-// decide is AllowN without a reservation: one round trip (or the deny
-// cache, or the fallback). fromFallback reports the fallback's Result.
-func (l *limiter) decide(ctx context.Context, key string, n int) (Result, bool, error) {
-	res, r, err := l.decideReply(ctx, key, n)
-	return res, r.FromFallback, err
-}
-
-// decideReply is decide, with the engine's reply.
+// decideReply is AllowN without a reservation: one round trip (or the
+// deny cache, or the fallback), with the engine's reply.
 func (l *limiter) decideReply(ctx context.Context, key string, n int) (Result, engine.Reply, error) {
 	r, err := l.engine.Decide(ctx, key, n)
 	if err != nil {
@@ -551,17 +545,6 @@ func (l *limiter) built() error {
 		return engine.Errorf(ErrInvalidConfig, "redlimit: limiter is a zero value: make it with its constructor (NewFixedWindow, NewSlidingWindow, NewSlidingLog, NewLeakyBucket, NewTokenBucket, NewConcurrency or NewCalendarWindow)")
 	}
 	return nil
-}
-
-// windowOf returns the Window of this limiter's limit of size limit, or 0
-// when it has none of that size (a fallback's share).
-func (l *limiter) windowOf(limit int) time.Duration {
-	for i, own := range l.limits {
-		if own == limit {
-			return l.windows[i]
-		}
-	}
-	return 0
 }
 
 // redisKey returns the Redis key that holds key's state: the limiter's

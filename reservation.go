@@ -299,12 +299,13 @@ func (rs *reserver) shard(key string) *reserveShard {
 }
 
 // allowN is AllowN with the reservation: from held permits when it can,
-// else from Redis, with a batch when the key is busy. fromFallback
-// reports a Result the fallback decided.
-func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, fromFallback bool, err error) {
+// else from Redis, with a batch when the key is busy. reply is the
+// engine's when Redis (or the fallback) decided the call alone, as every
+// denial is; zero for a grant from a batch.
+func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, reply engine.Reply, err error) {
 	l := rs.l
 	if n <= 0 || ctx == nil || key == "" || len(key) > MaxKeyBytes || rs.closed.Load() || !l.engine.BreakerClosed() {
-		return l.decide(ctx, key, n)
+		return l.decideReply(ctx, key, n)
 	}
 	var start time.Time // for observers' Latency
 	if l.observer != nil {
@@ -326,7 +327,7 @@ func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, 
 				res := b.result(b.handOut(n), now)
 				sh.mu.Unlock()
 				l.tellLocal(ctx, key, n, res, start)
-				return res, false, nil
+				return res, engine.Reply{}, nil
 			}
 			if !now.Before(b.until(b.held + b.claimed)) {
 				rs.retire(b, now)
@@ -339,7 +340,7 @@ func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, 
 				sh.mu.Unlock()
 				res, ok, err := rs.await(ctx, sh, key, n, f, start)
 				if ok || err != nil {
-					return res, false, err
+					return res, engine.Reply{}, err
 				}
 				continue // no batch came: decide as a new call
 			}
@@ -353,7 +354,7 @@ func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, 
 			case <-ctx.Done():
 				err := fmt.Errorf("redlimit: %s: waiting for a reservation's batch: %w", l.algorithm, ctx.Err())
 				l.tell(ctx, key, n, Result{}, err, start, false, engine.Reply{})
-				return Result{}, false, err
+				return Result{}, engine.Reply{}, err
 			}
 		}
 		extra := 0
@@ -378,15 +379,15 @@ func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, 
 			}
 			rs.tidy(sh, key, r)
 			sh.mu.Unlock()
-			return res, reply.FromFallback, err
+			return res, reply, err
 		}
 		f := &refill{extra: extra, done: make(chan struct{})}
 		r.refill, r.asked = f, 0
 		r.inflight++
 		sh.mu.Unlock()
-		res, fromFallback, denied, err := rs.fill(ctx, sh, key, n, r, f, start)
+		res, reply, denied, err := rs.fill(ctx, sh, key, n, r, f, start)
 		if !denied {
-			return res, fromFallback, err
+			return res, reply, err
 		}
 		alone = true
 	}
@@ -395,10 +396,10 @@ func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, 
 // fill asks Redis for n permits and f's extra, as the call that found key
 // busy, and makes a batch of the extra. denied reports a batch Redis
 // denied: the caller then asks for n alone, which Redis may grant.
-func (rs *reserver) fill(ctx context.Context, sh *reserveShard, key string, n int, r *reservation, f *refill, start time.Time) (res Result, fromFallback, denied bool, err error) {
+func (rs *reserver) fill(ctx context.Context, sh *reserveShard, key string, n int, r *reservation, f *refill, start time.Time) (res Result, reply engine.Reply, denied bool, err error) {
 	l := rs.l
 	began := rs.now()
-	reply, took, _, err := l.engine.DecideExtra(ctx, key, n, f.extra)
+	got, took, _, err := l.engine.DecideExtra(ctx, key, n, f.extra)
 	answered := time.Now()
 	now := rs.now()
 	sh.mu.Lock()
@@ -408,11 +409,11 @@ func (rs *reserver) fill(ctx context.Context, sh *reserveShard, key string, n in
 	switch {
 	case err != nil:
 	case took == n+f.extra:
-		b = &batch{rs: rs, key: key, grant: engine.NewGrant(l.engine, key, took, reply.Token), took: took, reply: reply, start: began}
-		b.remaining = reply.Remaining
-		b.resetAt = answered.Add(reply.ResetAfter)
+		b = &batch{rs: rs, key: key, grant: engine.NewGrant(l.engine, key, took, got.Token), took: took, reply: got, start: began}
+		b.remaining = got.Remaining
+		b.resetAt = answered.Add(got.ResetAfter)
 		if rs.clock != nil {
-			b.resetAt = began.Add(reply.ResetAfter)
+			b.resetAt = began.Add(got.ResetAfter)
 		}
 		b.held, b.claimed = f.extra-f.claimed, f.claimed
 		if r.b != nil {
@@ -420,15 +421,15 @@ func (rs *reserver) fill(ctx context.Context, sh *reserveShard, key string, n in
 		}
 		r.b = b
 		rs.live.Add(1)
-		r.lastRemaining = reply.Remaining
+		r.lastRemaining = got.Remaining
 		if rs.closed.Load() {
 			rs.retire(b, now)
 			r.b = nil
 		} else {
 			rs.arm(b.start.Add(rs.hold))
 		}
-	case !reply.FromFallback:
-		r.lastRemaining = reply.Remaining
+	case !got.FromFallback:
+		r.lastRemaining = got.Remaining
 	}
 	f.b = b
 	close(f.done)
@@ -440,18 +441,18 @@ func (rs *reserver) fill(ctx context.Context, sh *reserveShard, key string, n in
 	switch {
 	case err != nil:
 		l.tell(ctx, key, n, Result{}, err, start, false, engine.Reply{})
-		return Result{}, false, false, err
+		return Result{}, engine.Reply{}, false, err
 	case b != nil:
 		// The caller's own permits were granted with the batch, as a
 		// call of its own would have been: no hand-out to time.
 		l.tell(ctx, key, n, res, nil, start, false, engine.Reply{})
-		return res, false, false, nil
-	case reply.FromFallback:
-		res := l.result(reply, key, n)
-		l.tell(ctx, key, n, res, nil, start, false, reply)
-		return res, true, false, nil
+		return res, engine.Reply{}, false, nil
+	case got.FromFallback:
+		res := l.result(got, key, n)
+		l.tell(ctx, key, n, res, nil, start, false, got)
+		return res, got, false, nil
 	}
-	return Result{}, false, true, nil
+	return Result{}, engine.Reply{}, true, nil
 }
 
 // await waits for f, a batch on its way of which the caller claimed n

@@ -49,8 +49,7 @@ type holding struct {
 func (h *handler) hold(r *http.Request, l leaser, ch *charge) *holding {
 	hd := &holding{grant: ch.grant}
 	if every := h.cfg.keepAlive; every > 0 {
-		var renew func()
-		renew = func() {
+		renew := func() {
 			hd.mu.Lock()
 			defer hd.mu.Unlock()
 			if hd.released {

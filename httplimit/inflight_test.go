@@ -33,8 +33,7 @@ func TestInFlightLeaseLastsTheRequest(t *testing.T) {
 	l := newInFlight(t)
 	inside := make(chan struct{})
 	proceed := make(chan struct{})
-	var h http.Handler
-	h = Middleware(l)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := Middleware(l)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("hold") != "" {
 			close(inside)
 			<-proceed

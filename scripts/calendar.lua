@@ -22,11 +22,14 @@
 --   "<count><F>5"               the period of this configuration that holds
 --                               F (up to a count of 91 one integer)
 --   "<count> <F> <E> 5"         permits counted until E, of any configuration
---   "<count> <F> <E> <next> <floor> <pos>:<given>,... 5"
---                               the same, after refunds: the grant at <pos>
---                               (permits granted before it since F) gave
---                               back <given>; grants before <floor> give
---                               nothing more, and there are at most 16
+--   "<count> <F> <E> <next> <floor> <lo>:<hi>,... 5"
+--                               the same, after refunds: the positions
+--                               from <lo> to before <hi> (a grant at <pos>
+--                               holds [pos, pos + n), pos the permits
+--                               granted before it since F) were given
+--                               back, in at most 16 ranges, sorted and
+--                               apart; a grant starting before <floor>
+--                               gives nothing more (docs/refunds.md)
 -- A call at clock c decides at the key's time t = max(c, F), in the period
 -- that holds t: a clock that still reads the period before the key's first
 -- grant in the next one decides in the key's period. F at or past the end
@@ -49,7 +52,7 @@ local SHORT = '^([1-9]%d-)([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)5$'
 local LONG = '^(%d+) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) 5$'
 local TOKEN = '^([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)%.(%d+)%.([1-9]%d*)$'
 local NOT_OURS = 'NOTOURS holds %s, not redlimit state; it was left unchanged'
-local MAX_RECORDS = 16
+local MAX_RANGES = 16
 local UNKNOWN_PERIOD_US = 1000000
 
 -- The clock: the caller's, or the server's.
@@ -112,7 +115,7 @@ if value then
         '^(%d+) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) ' ..
         '([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) (%d+) (%d+) ([%d:,]+) 5$')
     end
-    if not count or (records and #records > MAX_RECORDS * 34) then
+    if not count or (records and #records > MAX_RANGES * 34) then
       return redis.error_reply(string.format(NOT_OURS, 'a string that is not a calendar window'))
     end
     first, state_end = first + 0, state_end + 0
@@ -183,41 +186,51 @@ local function reply_state(allowed, retry)
 end
 
 -- A refund: of a grant this state counts, in the key's period, and not
--- before the floor, up to what it took; at most once, by its record.
+-- before the floor, up to what it took; at most once. The grant holds
+-- positions [pos, pos + took); what it gave back is the start of them that
+-- a range of given-back positions covers (only its refunds touch them),
+-- and what it gives now joins that range.
 if refund_k then
   local given = 0
   local grant_first, pos, took = string.match(token, TOKEN)
   if grant_first and counted and not wrong and grant_first + 0 == first then
     pos, took = pos + 0, took + 0
     if pos >= floor and pos + took <= next_pos then
-      local kept, had, oldest = {}, 0, nil
-      for p, g in string.gmatch(records or '', '(%d+):(%d+)') do
-        p, g = p + 0, g + 0
-        if p == pos then
-          had = g
-        else
-          kept[#kept + 1] = string.format('%d:%d', p, g)
-          if not oldest or p < oldest then oldest = p end
-        end
+      local ranges, had = {}, 0
+      for lo, hi in string.gmatch(records or '', '(%d+):(%d+)') do
+        lo, hi = lo + 0, hi + 0
+        if lo <= pos and pos < hi then had = math.min(hi, pos + took) - pos end
+        ranges[#ranges + 1] = {lo, hi}
       end
       given = math.min(refund_k + 0, took) - had
       if given > count then given = count end
       if given > 0 then
         count = count - given
         used = count
-        kept[#kept + 1] = string.format('%d:%d', pos, had + given)
-        if #kept > MAX_RECORDS then
-          -- Forget the oldest grant's record: it, and every grant before
-          -- it, can give back nothing more.
-          for i, r in ipairs(kept) do
-            if r:match('^(%d+):') + 0 == oldest then
-              table.remove(kept, i)
-              break
-            end
+        -- [pos + had, pos + had + given) joins the ranges, merged with
+        -- those it touches.
+        local lo, hi, parts, placed = pos + had, pos + had + given, {}, false
+        for _, range in ipairs(ranges) do
+          if range[2] == lo then
+            lo = range[1]
+          elseif range[1] == hi then
+            hi = range[2]
+          elseif range[1] > hi and not placed then
+            parts[#parts + 1], placed = {lo, hi}, true
+            parts[#parts + 1] = range
+          else
+            parts[#parts + 1] = range
           end
-          floor = oldest + 1
         end
-        records = table.concat(kept, ',')
+        if not placed then parts[#parts + 1] = {lo, hi} end
+        -- Bounded: at most MAX_RANGES ranges. The lowest goes, and the
+        -- floor says that a grant starting before its end gives nothing.
+        if #parts > MAX_RANGES then
+          floor = math.max(floor, parts[1][2])
+          table.remove(parts, 1)
+        end
+        for i, range in ipairs(parts) do parts[i] = string.format('%d:%d', range[1], range[2]) end
+        records = table.concat(parts, ',')
         write(false)
       else
         given = 0
