@@ -304,7 +304,7 @@ func (rs *reserver) shard(key string) *reserveShard {
 // denial is; zero for a grant from a batch.
 func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, reply engine.Reply, err error) {
 	l := rs.l
-	if n <= 0 || ctx == nil || key == "" || len(key) > MaxKeyBytes || rs.closed.Load() || !l.engine.BreakerClosed() {
+	if n <= 0 || ctx == nil || key == "" || len(key) > MaxKeyBytes {
 		return l.decideReply(ctx, key, n)
 	}
 	var start time.Time // for observers' Latency
@@ -314,6 +314,11 @@ func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, 
 	sh := rs.shard(key)
 	alone := false // the batch was denied: ask for n alone
 	for {
+		if rs.closed.Load() || !l.engine.BreakerClosed() {
+			// Also after waiting for a batch that failed: an open
+			// breaker's rules, not what is held, decide.
+			return l.decideReply(ctx, key, n)
+		}
 		sh.mu.Lock()
 		r := sh.m[key]
 		if r == nil {
