@@ -21,17 +21,21 @@ import (
 //
 // A key is busy when a call on it arrives while another call on it, from
 // this limiter, is at Redis, and stays busy while permits it reserved may
-// still be handed out. The call that finds it busy asks Redis for its own
-// n plus a batch sized to the demand seen since the previous one (at
-// least 1, at most batch - n, never more than the Remaining Redis last
-// reported); calls that arrive meanwhile wait for that round trip instead
-// of making their own, so a busy key costs one round trip at a time. A
-// key that is not busy costs what it costs without the option: one round
-// trip per call, nothing held. A call the held permits cannot cover (n
-// above them: Redis is asked for n, plus a batch when busy; n == 0; a
-// batch Redis denied: n alone; the breaker not closed) goes to Redis as
-// without the option. At most 4,096 keys of a limiter hold permits at
-// once; a busy key beyond them is decided call by call.
+// still be handed out. A busy key's calls wait for a reply of Redis on it
+// if none came in this busy spell; then one asks Redis for its own n plus
+// a batch sized to the demand seen since the previous one (at least 1,
+// at most batch - n, never more than the Remaining Redis last reported),
+// and calls that arrive meanwhile wait for that round trip instead of
+// making their own, so a busy key costs one round trip at a time. A
+// bucket is reserved from only while at least min(hold, 1ms) of refill
+// away from full: a permit taken early from a bucket about to be full
+// would cost the refill it stops. A key that is not busy costs what it
+// costs without the option: one round trip per call, nothing held. A
+// call the held permits cannot cover (n above them: Redis is asked for
+// n, plus a batch when busy; n == 0; a batch Redis denied: n alone; the
+// breaker not closed) goes to Redis as without the option. At most 4,096
+// keys of a limiter hold permits at once; a busy key beyond them is
+// decided call by call.
 //
 // The bounds, for every process on the key:
 //   - the limit is never exceeded: every permit handed out was granted by
@@ -183,6 +187,35 @@ func (rule reserveRule) until(start time.Time, r engine.Reply, held int) time.Ti
 	return start
 }
 
+// minHandOut is the least time a bucket's batch must be able to hand
+// out its permits, had it handed out none: see roomFor.
+const minHandOut = time.Millisecond
+
+// roomFor reports whether a batch may be taken from a key whose last
+// reply said it is back in its initial state at reset, at now. A bucket's batch hands out only while the bucket, had it
+// the held permits back, would not be full: taken from a bucket about to
+// be full, its permits would cost the refill they stop, and could only be
+// handed out as fast as it comes. So a bucket is reserved from only when
+// it is at least min(hold, minHandOut) of refill away from full: then a
+// batch hands out for that long whatever the pace of the calls. A bucket
+// that stays full (calls slower than its rate) is decided call by call,
+// as without the option.
+func (rule reserveRule) roomFor(reset, now time.Time, hold time.Duration) bool {
+	if rule.kind != untilFull {
+		return true
+	}
+	return reset.Sub(now) >= min(hold, minHandOut)
+}
+
+// resetOf is when reply's ResetAfter ends, counted from answered (under
+// WithClock, from now on the limiter's clock).
+func (rs *reserver) resetOf(reply engine.Reply, answered time.Time) time.Time {
+	if rs.clock != nil {
+		return rs.now().Add(reply.ResetAfter)
+	}
+	return answered.Add(reply.ResetAfter)
+}
+
 // counts reports whether Redis may still count the held permits of a
 // batch granted after start at now: else refunding them gives nothing,
 // and is not sent.
@@ -241,8 +274,16 @@ type reservation struct {
 	b        *batch  // the batch handing out, if any
 	asked    int     // permits asked since the last batch was asked for
 	// lastRemaining is the Remaining of Redis's last reply on the key, -1
-	// before one: a batch never asks for more.
+	// before one: a batch never asks for more. lastReset is when that
+	// reply's ResetAfter ends (zero before one): a bucket is full then.
 	lastRemaining int64
+	lastReset     time.Time
+	// replied, made by a busy call that found nothing known of the key,
+	// is closed by the next call of this limiter to come back from Redis
+	// on it: that call waits for a reply to size a batch from, rather
+	// than go to Redis alone as well.
+	replied chan struct{}
+	waiting int // calls waiting on replied
 }
 
 // refill is a batch on its way: calls that arrive meanwhile claim its
@@ -312,11 +353,21 @@ func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, 
 		start = time.Now()
 	}
 	sh := rs.shard(key)
-	alone := false // the batch was denied: ask for n alone
-	for {
+	alone := false  // the batch was denied: ask for n alone
+	waited := false // for a reply or a batch: the key is busy
+	replyWaited := false
+	for pass := 0; ; pass++ {
 		if rs.closed.Load() || !l.engine.BreakerClosed() {
 			// Also after waiting for a batch that failed: an open
 			// breaker's rules, not what is held, decide.
+			if replyWaited {
+				sh.mu.Lock()
+				if r := sh.m[key]; r != nil {
+					r.waiting--
+					rs.tidy(sh, key, r)
+				}
+				sh.mu.Unlock()
+			}
 			return l.decideReply(ctx, key, n)
 		}
 		sh.mu.Lock()
@@ -325,7 +376,13 @@ func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, 
 			r = sh.newReservation()
 			sh.m[key] = r
 		}
-		r.asked += n
+		if pass == 0 {
+			r.asked += n
+		}
+		if replyWaited {
+			r.waiting--
+			replyWaited = false
+		}
 		if b := r.b; b != nil {
 			now := rs.now()
 			if b.take(n, now) {
@@ -347,7 +404,8 @@ func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, 
 				if ok || err != nil {
 					return res, engine.Reply{}, err
 				}
-				continue // no batch came: decide as a new call
+				waited = true
+				continue // no batch came: decide again
 			}
 			// More demand than the batch on its way: wait for it, then
 			// ask for the next, sized to the demand seen meanwhile,
@@ -355,6 +413,7 @@ func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, 
 			sh.mu.Unlock()
 			select {
 			case <-f.done:
+				waited = true
 				continue
 			case <-ctx.Done():
 				err := fmt.Errorf("redlimit: %s: waiting for a reservation's batch: %w", l.algorithm, ctx.Err())
@@ -362,12 +421,37 @@ func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, 
 				return Result{}, engine.Reply{}, err
 			}
 		}
+		// Busy: another call in flight, or a batch that may still hand
+		// out. A batch is sized from Redis's last reply in this busy
+		// spell: before one comes back, a busy call waits for it.
 		extra := 0
-		if (r.inflight > 0 || r.b != nil) && r.refill == nil && !alone && (r.b != nil || rs.live.Load() < maxReservedKeys) {
-			extra = min(rs.batch-n, l.capacity-n, max(r.asked, 1))
-			if r.lastRemaining >= 0 {
-				extra = min(extra, int(min(r.lastRemaining, int64(rs.batch)))-n)
+		busy := r.inflight > 0 || r.b != nil || r.waiting > 0 || waited
+		if busy && r.lastRemaining < 0 && r.inflight > 0 && !alone {
+			if r.replied == nil {
+				r.replied = make(chan struct{})
 			}
+			replied := r.replied
+			r.waiting++
+			sh.mu.Unlock()
+			select {
+			case <-replied:
+				// Still counted as waiting until the next pass holds the
+				// lock: the key stays known, and busy, meanwhile.
+				waited, replyWaited = true, true
+				continue
+			case <-ctx.Done():
+				sh.mu.Lock()
+				r.waiting--
+				rs.tidy(sh, key, r)
+				sh.mu.Unlock()
+				err := fmt.Errorf("redlimit: %s: waiting for a reply on a busy key: %w", l.algorithm, ctx.Err())
+				l.tell(ctx, key, n, Result{}, err, start, false, engine.Reply{})
+				return Result{}, engine.Reply{}, err
+			}
+		}
+		if busy && r.lastRemaining >= 0 && r.refill == nil && !alone && (r.b != nil || rs.live.Load() < maxReservedKeys) &&
+			rs.rule.roomFor(r.lastReset, rs.now(), rs.hold) {
+			extra = min(rs.batch-n, l.capacity-n, max(r.asked, 1), int(min(r.lastRemaining, int64(rs.batch)))-n)
 		}
 		if extra <= 0 {
 			r.inflight++
@@ -376,8 +460,13 @@ func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, 
 			answered := time.Now()
 			sh.mu.Lock()
 			r.inflight--
+			if r.replied != nil {
+				close(r.replied)
+				r.replied = nil
+			}
 			if err == nil && !reply.FromFallback {
 				r.lastRemaining = reply.Remaining
+				r.lastReset = rs.resetOf(reply, answered)
 				if r.b != nil {
 					r.b.learn(reply, answered, rs.now())
 				}
@@ -410,6 +499,10 @@ func (rs *reserver) fill(ctx context.Context, sh *reserveShard, key string, n in
 	sh.mu.Lock()
 	r.inflight--
 	r.refill = nil
+	if r.replied != nil {
+		close(r.replied)
+		r.replied = nil
+	}
 	var b *batch
 	switch {
 	case err != nil:
@@ -420,6 +513,7 @@ func (rs *reserver) fill(ctx context.Context, sh *reserveShard, key string, n in
 		if rs.clock != nil {
 			b.resetAt = began.Add(got.ResetAfter)
 		}
+		r.lastReset = b.resetAt
 		b.held, b.claimed = f.extra-f.claimed, f.claimed
 		if r.b != nil {
 			rs.retire(r.b, now)
@@ -435,6 +529,7 @@ func (rs *reserver) fill(ctx context.Context, sh *reserveShard, key string, n in
 		}
 	case !got.FromFallback:
 		r.lastRemaining = got.Remaining
+		r.lastReset = rs.resetOf(got, answered)
 	}
 	f.b = b
 	close(f.done)
@@ -631,7 +726,7 @@ func (rs *reserver) queue(b *batch) {
 
 // tidy forgets key's reservation once nothing is in flight or held.
 func (rs *reserver) tidy(sh *reserveShard, key string, r *reservation) {
-	if r.inflight == 0 && r.refill == nil && r.b == nil && sh.m[key] == r {
+	if r.inflight == 0 && r.refill == nil && r.b == nil && r.replied == nil && r.waiting == 0 && sh.m[key] == r {
 		delete(sh.m, key)
 		if len(sh.free) < reserveFree {
 			*r = reservation{lastRemaining: -1}

@@ -150,7 +150,6 @@ func TestReservationNeverExceedsTheLimit(t *testing.T) {
 	for _, alg := range reservedAlgorithms {
 		t.Run(alg.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
-				b.keepKeys()
 				period := alg.period
 				const (
 					limit      = 100
@@ -233,6 +232,12 @@ func TestReservationRoundTrips(t *testing.T) {
 				clock := newAtomicClock()
 				l, err := alg.new(rdb, 1_000_000, alg.period, WithClock(clock.Now), WithReservation(64, time.Minute))
 				require.NoError(t, err)
+				// Half used: a bucket far from full (one about to be full
+				// is decided call by call, see TestReservationFullBucket).
+				half, err := l.AllowN(context.Background(), "hot", 500_000)
+				require.NoError(t, err)
+				require.True(t, half.Allowed)
+				rec.take()
 				const goroutines, calls = 64, 20
 				var wg sync.WaitGroup
 				var allowed atomic.Int64
@@ -320,26 +325,44 @@ func (g *gate) do() {
 	<-release
 }
 
-// makeBusy makes key busy on l: a call held in flight by g while another
-// arrives, which takes its permit with a batch of 2 (the demand seen: the
-// two calls). Redis then counts 4 permits, 2 handed out and 2 held.
+// makeBusy makes key busy on l: a call held in flight by g while two
+// more arrive. Nothing is known of the key yet, so they wait for the
+// first call's reply; then one of them takes its permit with a batch of
+// 3 (the demand seen: three calls), and the other a permit of that
+// batch. Redis then counts 5 permits: 3 handed out, 2 held.
 func makeBusy(t *testing.T, l Limiter, g *gate, key string) {
 	t.Helper()
 	entered, release := g.arm()
-	done := make(chan error, 1)
-	go func() {
+	done := make(chan error, 3)
+	call := func() {
 		res, err := l.Allow(context.Background(), key)
 		if err == nil && !res.Allowed {
 			err = fmt.Errorf("denied: %+v", res)
 		}
 		done <- err
-	}()
+	}
+	go call()
 	<-entered
-	res, err := l.Allow(context.Background(), key)
-	require.NoError(t, err)
-	require.True(t, res.Allowed)
+	go call()
+	go call()
+	rs := reserverOf(l)
+	require.Eventually(t, func() bool { return rs.waitingOn(key) == 2 }, 5*time.Second, time.Millisecond,
+		"the two calls wait for the first one's reply")
 	close(release)
-	require.NoError(t, <-done)
+	for i := 0; i < 3; i++ {
+		require.NoError(t, <-done)
+	}
+}
+
+// waitingOn returns how many calls wait for a reply on key.
+func (rs *reserver) waitingOn(key string) int {
+	sh := rs.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if r := sh.m[key]; r != nil {
+		return r.waiting
+	}
+	return 0
 }
 
 // TestReservationBounds: another process finds the key stricter by the
@@ -352,7 +375,6 @@ func TestReservationBounds(t *testing.T) {
 	for _, alg := range reservedAlgorithms {
 		t.Run(alg.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
-				b.keepKeys()
 				ctx := context.Background()
 				clock := newAtomicClock()
 				g := &gate{}
@@ -370,7 +392,7 @@ func TestReservationBounds(t *testing.T) {
 				require.NoError(t, err)
 
 				makeBusy(t, a, g, "k")
-				require.Equal(t, 96, remaining(t, other, "k"), "2 handed out, 2 held: stricter by the 2 held")
+				require.Equal(t, 95, remaining(t, other, "k"), "3 handed out, 2 held: stricter by the 2 held")
 				redis, err := other.AllowN(ctx, "k", 0)
 				require.NoError(t, err)
 
@@ -391,27 +413,27 @@ func TestReservationBounds(t *testing.T) {
 					require.True(t, d.Local, "observers see a call answered from held permits as Local: %+v", d)
 				}
 				mu.Unlock()
-				require.Equal(t, 96, remaining(t, other, "k"), "all 4 handed out: exact")
+				require.Equal(t, 95, remaining(t, other, "k"), "all 5 handed out: exact")
 
 				// Busy still (its batch ran out within the hold): the next
 				// call takes a batch sized to the demand seen, 2 calls and
 				// itself.
 				res, err := a.Allow(ctx, "k")
 				require.NoError(t, err)
-				require.Equal(t, 92, res.Remaining, "a batch of 1 + 3")
-				require.Equal(t, 92, remaining(t, other, "k"), "5 handed out, 3 held")
+				require.Equal(t, 91, res.Remaining, "a batch of 1 + 3")
+				require.Equal(t, 91, remaining(t, other, "k"), "6 handed out, 3 held")
 
 				clock.Advance(time.Second)
 				reserverOf(a).sweep() // the timer, at its time
-				require.Equal(t, 95, remaining(t, other, "k"), "the hold passed: the 3 held are back")
+				require.Equal(t, 94, remaining(t, other, "k"), "the hold passed: the 3 held are back")
 
 				makeBusy(t, a, g, "k")
-				require.Equal(t, 91, remaining(t, other, "k"), "7 handed out, 2 held")
+				require.Equal(t, 89, remaining(t, other, "k"), "9 handed out, 2 held")
 				require.NoError(t, a.Close(ctx))
-				require.Equal(t, 93, remaining(t, other, "k"), "Close gives the 2 held back at once")
+				require.Equal(t, 91, remaining(t, other, "k"), "Close gives the 2 held back at once")
 				res, err = a.Allow(ctx, "k")
 				require.NoError(t, err)
-				require.Equal(t, 92, res.Remaining, "closed: decided by Redis")
+				require.Equal(t, 90, res.Remaining, "closed: decided by Redis")
 			})
 		})
 	}
@@ -429,8 +451,8 @@ func TestReservationHoldTimer(t *testing.T) {
 		other, err := NewFixedWindow(sameServer(t, b), 100, time.Hour)
 		require.NoError(t, err)
 		makeBusy(t, a, g, "k")
-		require.Equal(t, 96, remaining(t, other, "k"))
-		require.Eventually(t, func() bool { return remaining(t, other, "k") == 98 }, 5*time.Second, 5*time.Millisecond,
+		require.Equal(t, 95, remaining(t, other, "k"))
+		require.Eventually(t, func() bool { return remaining(t, other, "k") == 97 }, 5*time.Second, 5*time.Millisecond,
 			"the held permits come back after the hold")
 	})
 }
@@ -441,7 +463,6 @@ func TestReservationHoldTimer(t *testing.T) {
 // than it took, however often it is refunded.
 func TestReservationRefunds(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
-		b.keepKeys()
 		ctx := context.Background()
 		clock := newAtomicClock()
 		g := &gate{}
@@ -454,7 +475,7 @@ func TestReservationRefunds(t *testing.T) {
 		other, err := NewFixedWindow(sameServer(t, b), 100, time.Minute, WithClock(clock.Now))
 		require.NoError(t, err)
 
-		makeBusy(t, a, g, "k") // Redis counts 4: 2 handed out, 2 held
+		makeBusy(t, a, g, "k") // Redis counts 5: 3 handed out, 2 held
 		rec.take()
 		first, err := a.Allow(ctx, "k")
 		require.NoError(t, err)
@@ -462,18 +483,18 @@ func TestReservationRefunds(t *testing.T) {
 		require.NoError(t, first.Grant.Refund(ctx, 1), "into the reservation")
 		require.NoError(t, first.Grant.Refund(ctx, 1), "again: gives nothing more")
 		require.Zero(t, rec.scripts(), "refunds into held permits make no round trip")
-		require.Equal(t, 96, remaining(t, other, "k"), "Redis still counts the held permits")
+		require.Equal(t, 95, remaining(t, other, "k"), "Redis still counts the held permits")
 
 		second, err := a.Allow(ctx, "k")
 		require.NoError(t, err)
 		require.NoError(t, a.Close(ctx))
-		require.Equal(t, 97, remaining(t, other, "k"), "3 handed out in all: Close gave back the one held")
+		require.Equal(t, 96, remaining(t, other, "k"), "4 handed out in all: Close gave back the one held")
 
 		require.NoError(t, second.Grant.Refund(ctx, 1), "after Close: to Redis")
-		require.Equal(t, 98, remaining(t, other, "k"))
+		require.Equal(t, 97, remaining(t, other, "k"))
 		require.NoError(t, second.Grant.Refund(ctx, 1), "a retry")
 		require.NoError(t, first.Grant.Refund(ctx, 1), "the first again, whose permit Close gave back")
-		require.Equal(t, 98, remaining(t, other, "k"), "never more than each took")
+		require.Equal(t, 97, remaining(t, other, "k"), "never more than each took")
 		require.ErrorIs(t, second.Grant.Refund(ctx, 2), ErrInvalidArgument, "more than it took")
 	})
 }
@@ -501,7 +522,7 @@ func TestReservationBreaker(t *testing.T) {
 	require.Error(t, err, "Redis is gone")
 	require.Equal(t, BreakerOpen, breaker.State())
 	_, err = a.Allow(ctx, "k")
-	require.ErrorIs(t, err, ErrUnavailable, "the one permit still held is not handed out past an open breaker")
+	require.ErrorIs(t, err, ErrUnavailable, "the permit still held is not handed out past an open breaker")
 }
 
 // TestReservationAllowAll: a part whose limiter holds permits for its key
@@ -509,7 +530,6 @@ func TestReservationBreaker(t *testing.T) {
 // part gives its permit back to the reservation.
 func TestReservationAllowAll(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
-		b.keepKeys()
 		ctx := context.Background()
 		clock := newAtomicClock()
 		g := &gate{}
@@ -522,7 +542,7 @@ func TestReservationAllowAll(t *testing.T) {
 		require.NoError(t, err)
 		other, err := NewFixedWindow(sameServer(t, b), 100, time.Minute, WithClock(clock.Now))
 		require.NoError(t, err)
-		makeBusy(t, a, g, "k") // 2 handed out, 2 held
+		makeBusy(t, a, g, "k") // 3 handed out, 2 held
 		rdb.AddHook(rec)
 
 		res, err := AllowAll(ctx, 1, Part{a, "k"}, Part{once, "x"})
@@ -538,7 +558,7 @@ func TestReservationAllowAll(t *testing.T) {
 		require.Zero(t, rec.decided(keyPrefix(a)+"k"), "the reserved part's permit went back to the reservation")
 
 		require.NoError(t, a.Close(ctx))
-		require.Equal(t, 97, remaining(t, other, "k"), "3 handed out: the denied call took nothing")
+		require.Equal(t, 96, remaining(t, other, "k"), "4 handed out: the denied call took nothing")
 	})
 }
 
@@ -614,23 +634,19 @@ func TestReservationFallback(t *testing.T) {
 			}
 		}))
 	require.NoError(t, err)
-	ctx := context.Background()
 
-	m.SetError("simulated outage")
-	entered, release := g.arm()
-	done := make(chan error, 1)
-	go func() {
-		_, err := a.Allow(ctx, "k")
-		done <- err
-	}()
-	<-entered
-	res, err := a.Allow(ctx, "k") // busy: asks for a batch, which Redis cannot decide
-	require.NoError(t, err)
-	require.True(t, res.Allowed)
-	close(release)
-	require.NoError(t, <-done)
+	// Redis answers the first call, then fails: the batch the next call
+	// asks for is decided by the fallback.
+	var once sync.Once
+	rec := &commandRecorder{afterReply: func(c recordedCmd) {
+		if c.decision && !c.noScript {
+			once.Do(func() { m.SetError("simulated outage") })
+		}
+	}}
+	rdb.AddHook(rec)
+	makeBusy(t, a, g, "k")
 	fb.mu.Lock()
-	require.Equal(t, []int{1, 1}, fb.ns, "the fallback decides each call's own n")
+	require.Equal(t, []int{1, 1}, fb.ns, "the fallback decides each call's own n, never a batch")
 	fb.mu.Unlock()
 	require.EqualValues(t, 2, fellBack.Load(), "observers see both calls decided by the fallback")
 }
@@ -701,4 +717,36 @@ func TestReservationCluster(t *testing.T) {
 	require.EqualValues(t, 640, allowed.Load())
 	require.NoError(t, l.Close(ctx))
 	require.Equal(t, 10_000-640, remaining(t, other, key), "Close gave back every permit held")
+}
+
+// TestReservationFullBucket: permits taken early from a bucket about to
+// be full would cost the refill they stop, so a bucket calls keep full is
+// decided call by call: no batch, nothing held, as without the option.
+func TestReservationFullBucket(t *testing.T) {
+	for _, alg := range reservedAlgorithms {
+		if alg.name != "token_bucket" && alg.name != "leaky_bucket" {
+			continue
+		}
+		t.Run(alg.name, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, b backend) {
+				clock := newAtomicClock()
+				g := &gate{}
+				rdb := sameServer(t, b)
+				rdb.AddHook(beforeDecision{do: g.do})
+				otherRdb := sameServer(t, b)
+				if b.mini == nil { // the key's TTL is fake time: µs
+					keepTTL(rdb, time.Hour)
+					keepTTL(otherRdb, time.Hour)
+				}
+				// 10,000 a second: a permit refills in 100µs, less than
+				// a batch must be able to hand out for.
+				a, err := alg.new(rdb, 10_000, time.Second, WithClock(clock.Now), WithReservation(10, time.Second))
+				require.NoError(t, err)
+				other, err := alg.new(otherRdb, 10_000, time.Second, WithClock(clock.Now))
+				require.NoError(t, err)
+				makeBusy(t, a, g, "k")
+				require.Equal(t, 9997, remaining(t, other, "k"), "three calls, three permits: nothing held")
+			})
+		})
+	}
 }

@@ -140,52 +140,61 @@ func (e *environment) exactness() ([]exactnessResult, error) {
 	var out []exactnessResult
 	lim := limit{count: exactLimit, per: 24 * time.Hour}
 	for i, c := range append(redlimitContenders(""), peers...) {
-		clients := make([]*redis.Client, exactClients)
-		deciders := make([]decider, exactClients)
-		for k := range clients {
-			clients[k] = redis.NewClient(&redis.Options{Addr: e.rdb.Options().Addr, PoolSize: exactGoroutines})
-			d, err := c.build(clients[k], lim)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", c.name, err)
-			}
-			deciders[k] = d
+		r, err := e.exactOne(fmt.Sprintf("exact%02d:%s", i, e.run), c, lim)
+		if err != nil {
+			return nil, err
 		}
-		key := fmt.Sprintf("exact%02d:%s", i, e.run)
-		var admitted, errs atomic.Int64
-		var firstErr atomic.Value
-		var wg sync.WaitGroup
-		ready := make(chan struct{})
-		for k := range clients {
-			for g := 0; g < exactGoroutines; g++ {
-				wg.Add(1)
-				go func(decide decider) {
-					defer wg.Done()
-					<-ready
-					for a := 0; a < exactAttempts; a++ {
-						ok, err := decide(e.ctx, key)
-						if err != nil {
-							errs.Add(1)
-							firstErr.CompareAndSwap(nil, err.Error())
-						} else if ok {
-							admitted.Add(1)
-						}
-					}
-				}(deciders[k])
-			}
-		}
-		close(ready)
-		wg.Wait()
-		for _, cl := range clients {
-			cl.Close()
-		}
-		r := exactnessResult{Name: c.name, Attempts: exactClients * exactGoroutines * exactAttempts,
-			Admitted: int(admitted.Load()), Errors: int(errs.Load())}
-		r.FirstErr, _ = firstErr.Load().(string)
 		r.Exact = r.Admitted == exactLimit && r.Errors == 0
-		logf("exactness: %s: admitted %d of %d, %d errors", c.name, r.Admitted, r.Attempts, r.Errors)
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// exactOne runs exactClients clients of c, each with exactGoroutines
+// goroutines making exactAttempts calls, on one key.
+func (e *environment) exactOne(key string, c contender, lim limit) (exactnessResult, error) {
+	clients := make([]*redis.Client, exactClients)
+	deciders := make([]decider, exactClients)
+	for k := range clients {
+		clients[k] = redis.NewClient(&redis.Options{Addr: e.rdb.Options().Addr, PoolSize: exactGoroutines})
+		d, err := c.build(clients[k], lim)
+		if err != nil {
+			return exactnessResult{}, fmt.Errorf("%s: %w", c.name, err)
+		}
+		deciders[k] = d
+	}
+	var admitted, errs atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	ready := make(chan struct{})
+	for k := range clients {
+		for g := 0; g < exactGoroutines; g++ {
+			wg.Add(1)
+			go func(decide decider) {
+				defer wg.Done()
+				<-ready
+				for a := 0; a < exactAttempts; a++ {
+					ok, err := decide(e.ctx, key)
+					if err != nil {
+						errs.Add(1)
+						firstErr.CompareAndSwap(nil, err.Error())
+					} else if ok {
+						admitted.Add(1)
+					}
+				}
+			}(deciders[k])
+		}
+	}
+	close(ready)
+	wg.Wait()
+	for _, cl := range clients {
+		cl.Close()
+	}
+	r := exactnessResult{Name: c.name, Attempts: exactClients * exactGoroutines * exactAttempts,
+		Admitted: int(admitted.Load()), Errors: int(errs.Load())}
+	r.FirstErr, _ = firstErr.Load().(string)
+	logf("exactness: %s: admitted %d of %d, %d errors", c.name, r.Admitted, r.Attempts, r.Errors)
+	return r, nil
 }
 
 // scalingResult compares Redis µs per call of a bucketed limiter with 10 and

@@ -231,7 +231,7 @@ func featureSections(rep report) []featureSection {
 			Note: fmt.Sprintf("used_memory Δ %.0f vs %.0f B/key", c.UsedMemoryPer, f.UsedMemoryPer)})
 	}
 
-	reservations := featureSection{Feature: "reservations (hot allowed keys)", Issue: 40, Targets: reservationTargets(row)}
+	reservations := featureSection{Feature: "reservations (hot allowed keys)", Issue: 40, Targets: reservationTargets(row, rep.Exactness)}
 
 	var out []featureSection
 	for _, s := range []featureSection{refunds, leases, allowAll, calendar, reservations} {

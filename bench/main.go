@@ -163,7 +163,10 @@ func run(f flags) error {
 		if rep.FeatureMemory, rep.LeaseMemory, err = env.featureMemory(); err != nil {
 			return fmt.Errorf("feature memory: %w", err)
 		}
-		if len(rows) == 0 && len(rep.Refunds) == 0 && len(rep.FeatureMemory) == 0 && len(rep.LeaseMemory) == 0 {
+		if rep.Exactness, err = env.reservationExactness(); err != nil {
+			return fmt.Errorf("exactness: %w", err)
+		}
+		if len(rows) == 0 && len(rep.Refunds) == 0 && len(rep.FeatureMemory) == 0 && len(rep.LeaseMemory) == 0 && len(rep.Exactness) == 0 {
 			return fmt.Errorf("-rows %q: nothing matches", f.rows)
 		}
 		rep.Features = featureSections(rep)
@@ -179,6 +182,11 @@ func run(f flags) error {
 	if rep.Exactness, err = env.exactness(); err != nil {
 		return fmt.Errorf("exactness: %w", err)
 	}
+	reserved, err := env.reservationExactness()
+	if err != nil {
+		return fmt.Errorf("exactness: %w", err)
+	}
+	rep.Exactness = append(rep.Exactness, reserved...)
 	if rep.Scaling, err = env.scaling(); err != nil {
 		return fmt.Errorf("scaling: %w", err)
 	}

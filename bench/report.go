@@ -358,7 +358,7 @@ func (rep report) markdown() string {
 		p("| %s | `%s` | %s / %s | %d | %.1f |\n", mr.Name, mr.SampleKey, mr.Type, mr.Encoding, mr.MemoryUsage, mr.UsedMemoryPer)
 	}
 	if len(rep.Exactness) > 0 {
-		p("\n| exactness: 4 clients × 50 goroutines × 10 tries, limit 1,000 on one key | admitted | errors | exact |\n|---|--:|--:|---|\n")
+		p("\n| exactness: 4 clients × 50 goroutines × 10 tries, limit 1,000 on one key (+reservation: exact is at most 1,000 and at least 1,000 − 4 × 63) | admitted | errors | exact |\n|---|--:|--:|---|\n")
 	}
 	for _, e := range rep.Exactness {
 		p("| %s | %d | %d | %v |\n", e.Name, e.Admitted, e.Errors, e.Exact)

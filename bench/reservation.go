@@ -3,12 +3,36 @@ package main
 import (
 	"fmt"
 	"strings"
+	"time"
 )
 
 // The hot allowed workload (issue 40): one key that every call finds
 // allowed, each algorithm with and without WithReservation(64, 250ms).
 // Its 64-goroutine pass is a busy key; its sequential pass, one call at a
 // time, a key that is not busy.
+
+// reservationExactness runs the exactness check (4 clients, 50
+// goroutines each, 10 calls each, limit 1,000 on one key) on every
+// algorithm with WithReservation(64, 250ms), or those -rows names
+// ("exactness redlimit fixed_window +reservation 64"). Exact means never
+// past the limit, and short of it by at most what the clients may hold
+// when the calls stop (4 × 63).
+func (e *environment) reservationExactness() ([]exactnessResult, error) {
+	var out []exactnessResult
+	lim := limit{count: exactLimit, per: 24 * time.Hour, batch: reserveBatch, hold: reserveHold}
+	for i, c := range redlimitContenders(reservedSuffix) {
+		if e.f.rows != nil && !e.f.rows.MatchString("exactness "+c.name) {
+			continue
+		}
+		r, err := e.exactOne(fmt.Sprintf("exactR%02d:%s", i, e.run), c, lim)
+		if err != nil {
+			return nil, err
+		}
+		r.Exact = r.Admitted <= exactLimit && r.Admitted >= exactLimit-exactClients*(reserveBatch-1) && r.Errors == 0
+		out = append(out, r)
+	}
+	return out, nil
+}
 
 // reservationPair is one algorithm's two rows in the hot allowed workload.
 type reservationPair struct {
@@ -37,8 +61,16 @@ func reservationPairs(find func(workload, name string) *rowResult) []reservation
 // return 1 ceiling's decisions a second with at most 1/8 Redis round trip
 // a decision; not busy, p50 and Redis time within 5% of the limiter
 // without the option.
-func reservationTargets(find func(workload, name string) *rowResult) []targetResult {
+func reservationTargets(find func(workload, name string) *rowResult, exact []exactnessResult) []targetResult {
 	var out []targetResult
+	for _, x := range exact {
+		if !strings.HasSuffix(x.Name, reservedSuffix) {
+			continue
+		}
+		out = append(out, targetResult{Target: "4 clients × 50 goroutines on one key, limit 1,000: admitted", Subject: strings.TrimSuffix(strings.TrimPrefix(x.Name, "redlimit "), reservedSuffix),
+			Measured: float64(x.Admitted), Want: fmt.Sprintf("<= %d, >= %d", exactLimit, exactLimit-exactClients*(reserveBatch-1)), Pass: x.Exact,
+			Note: fmt.Sprintf("%d calls, %d errors", x.Attempts, x.Errors)})
+	}
 	for _, p := range reservationPairs(find) {
 		r := p.reserved
 		if p.ceiling != nil {
