@@ -4,12 +4,36 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // The hot allowed workload (issue 40): one key that every call finds
 // allowed, each algorithm with and without WithReservation(64, 250ms).
 // Its 64-goroutine pass is a busy key; its sequential pass, one call at a
 // time, a key that is not busy.
+
+// useHalf takes half of each key's limit, as a key in use finds it: a
+// bucket then sits far from full, as under demand near its rate, where a
+// reservation can take permits ahead without stopping its refill (a full
+// bucket is decided call by call: see docs/reservations.md).
+func (e *environment) useHalf(algorithm string, c redis.Scripter, lim limit, keys []string) error {
+	lim.batch, lim.denyCache = 0, 0
+	l, err := newRedlimitLimiter(algorithm, c, lim)
+	if err != nil {
+		return err
+	}
+	for _, key := range keys {
+		r, err := l.AllowN(e.ctx, key, lim.count/2)
+		if err != nil {
+			return err
+		}
+		if !r.Allowed {
+			return fmt.Errorf("half of %d on %q denied", lim.count, key)
+		}
+	}
+	return nil
+}
 
 // reservationExactness runs the exactness check (4 clients, 50
 // goroutines each, 10 calls each, limit 1,000 on one key) on every

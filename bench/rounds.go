@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -100,6 +101,11 @@ func (e *environment) buildRows() ([]*row, error) {
 			r.seqKeys = r.keys
 			if w.calm {
 				r.seqKeys = []string{fmt.Sprintf("%s%d:%s:calm", w.tag, i, e.run)}
+				if en.c.kind == "redlimit" {
+					if err := e.useHalf(en.c.algorithm, w.client, en.lim, append(slices.Clone(r.keys), r.seqKeys...)); err != nil {
+						return nil, fmt.Errorf("%s: %s: %w", w.name, en.c.name, err)
+					}
+				}
 			}
 			// Warm up: load the script, open connections.
 			for k := 0; k < 50; k++ {
