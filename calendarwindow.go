@@ -9,7 +9,7 @@ import (
 	"github.com/redlimit/redlimit/internal/calendar"
 )
 
-var calendarScript = loadScript("calendar.lua")
+var calendarScript = loadScript("refunds.lua", "calendar.lua")
 
 // Period is a way of cutting time into calendar periods in a location:
 // days (Daily), weeks beginning on a weekday (Weekly) or months beginning

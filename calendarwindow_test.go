@@ -3,6 +3,7 @@ package redlimit
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -538,7 +539,7 @@ func TestCalendarWindowInvalidConfig(t *testing.T) {
 	}{
 		{0, Daily(time.UTC), "limit 0"},
 		{-1, Daily(time.UTC), "limit -1"},
-		{1 << 41, Daily(time.UTC), "limit"},
+		{math.MaxInt, Daily(time.UTC), "limit"},
 		{1, Period{}, "zero Period"},
 		{1, Daily(nil), "location is nil"},
 		{1, Weekly(nil, time.Monday), "location is nil"},

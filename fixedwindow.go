@@ -6,7 +6,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var fixedWindowScript = loadScript("fixedwindow.lua")
+var fixedWindowScript = loadScript("refunds.lua", "fixedwindow.lua")
 
 // FixedWindow grants at most limit permits per window. A window opens at the
 // first request that finds none open and lasts for the window's length; a

@@ -111,6 +111,10 @@ func (lim *limiter) holdLease(ctx context.Context, method string, l leaser, ch *
 	released := false
 	var timer *time.Timer
 	if every := lim.cfg.keepAlive; every > 0 {
+		// Set under the lock the renewal takes first: the timer may fire
+		// before AfterFunc returns.
+		mu.Lock()
+		defer mu.Unlock()
 		timer = time.AfterFunc(every, func() {
 			mu.Lock()
 			defer mu.Unlock()

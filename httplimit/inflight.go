@@ -69,7 +69,11 @@ func (h *handler) hold(r *http.Request, l leaser, ch *charge) *holding {
 			}
 			hd.timer.Reset(every)
 		}
+		// Set under the lock that renew takes first: the timer may fire
+		// before AfterFunc returns.
+		hd.mu.Lock()
 		hd.timer = time.AfterFunc(every, renew)
+		hd.mu.Unlock()
 	}
 	return hd
 }

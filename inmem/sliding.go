@@ -372,6 +372,9 @@ func (l *log) decideAt(s *logState, t, now, n int64) (redlimit.Result, int64) {
 	if k := len(s.buckets); k > 0 {
 		resetUS = max(0, (s.buckets[k-1].index+l.sizes[S-1])*P-now)
 	}
+	if !r.Allowed && r.RetryAfter != redlimit.Never && microsDuration(resetUS) < r.RetryAfter {
+		resetUS = int64(r.RetryAfter / time.Microsecond) // never before the retry, as the script says
+	}
 	r.ResetAfter = microsDuration(resetUS)
 	return r, resetUS
 }

@@ -52,7 +52,6 @@ local SHORT = '^([1-9]%d-)([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)5$'
 local LONG = '^(%d+) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) 5$'
 local TOKEN = '^([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)%.(%d+)%.([1-9]%d*)$'
 local NOT_OURS = 'NOTOURS holds %s, not redlimit state; it was left unchanged'
-local MAX_RANGES = 16
 local UNKNOWN_PERIOD_US = 1000000
 
 -- The clock: the caller's, or the server's.
@@ -196,40 +195,14 @@ if refund_k then
   if grant_first and counted and not wrong and grant_first + 0 == first then
     pos, took = pos + 0, took + 0
     if pos >= floor and pos + took <= next_pos then
-      local ranges, had = {}, 0
-      for lo, hi in string.gmatch(records or '', '(%d+):(%d+)') do
-        lo, hi = lo + 0, hi + 0
-        if lo <= pos and pos < hi then had = math.min(hi, pos + took) - pos end
-        ranges[#ranges + 1] = {lo, hi}
-      end
+      local ranges, had = read_ranges(records or '', pos, took)
       given = math.min(refund_k + 0, took) - had
       if given > count then given = count end
       if given > 0 then
         count = count - given
         used = count
-        -- [pos + had, pos + had + given) joins the ranges, merged with
-        -- those it touches.
-        local lo, hi, parts, placed = pos + had, pos + had + given, {}, false
-        for _, range in ipairs(ranges) do
-          if range[2] == lo then
-            lo = range[1]
-          elseif range[1] == hi then
-            hi = range[2]
-          elseif range[1] > hi and not placed then
-            parts[#parts + 1], placed = {lo, hi}, true
-            parts[#parts + 1] = range
-          else
-            parts[#parts + 1] = range
-          end
-        end
-        if not placed then parts[#parts + 1] = {lo, hi} end
-        -- Bounded: at most MAX_RANGES ranges. The lowest goes, and the
-        -- floor says that a grant starting before its end gives nothing.
-        if #parts > MAX_RANGES then
-          floor = math.max(floor, parts[1][2])
-          table.remove(parts, 1)
-        end
-        for i, range in ipairs(parts) do parts[i] = string.format('%d:%d', range[1], range[2]) end
+        local parts
+        parts, floor = add_range(ranges, pos + had, pos + had + given, floor, '%d:%d')
         records = table.concat(parts, ',')
         write(false)
       else

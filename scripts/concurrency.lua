@@ -51,12 +51,14 @@ end
 local function read_state()
   local first = redis.pcall('ZRANGE', key, 0, 0, 'WITHSCORES')
   if first.err then
-    return nil, nil, nil, redis.error_reply(string.format(NOT_OURS, 'another type than a sorted set'))
+    local what = 'another type than a sorted set'
+    return nil, nil, nil, redis.error_reply(string.format(NOT_OURS, what))
   end
   if #first == 0 then return 0, 0, nil end
   local recorded, last = string.match(first[1], META)
   if not recorded or first[2] ~= '0' then
-    return nil, nil, nil, redis.error_reply(string.format(NOT_OURS, 'a sorted set that is not leases'))
+    local what = 'a sorted set that is not leases'
+    return nil, nil, nil, redis.error_reply(string.format(NOT_OURS, what))
   end
   return recorded + 0, last + 0, first[1]
 end

@@ -41,7 +41,6 @@ local SHORT = '^([1-9]%d-)([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)3$'
 local LONG = '^([1-9]%d*) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) ([1-9]%d*) 3$'
 local REFUNDED = '^(%d+) ([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) ([1-9]%d*) ([1-9]%d*) (%d+)(.*) 3$'
 local RANGE = ' (%d+):([1-9]%d*)'
-local MAX_RANGES = 16
 local NOT_OURS = 'NOTOURS holds %s, not redlimit state; it was left unchanged'
 
 -- set_keeping_ttl writes a grant that left the window's end where it was:
@@ -120,39 +119,14 @@ if refund_k then
   at, took = tonumber(at), tonumber(took)
   if open and not moved and token_start and token_start + 0 == start
       and took <= at and at - took >= horizon and at <= count + given then
-    local first, kept, ranges = at - took, 0, {}
-    for lo, hi in string.gmatch(records, RANGE) do
-      lo, hi = lo + 0, hi + 0
-      if lo <= first and first < hi then kept = math.min(hi, at) - first end
-      ranges[#ranges + 1] = {lo, hi}
-    end
+    local first = at - took
+    local ranges, kept = read_ranges(records, first, took)
     back = math.min(refund_k + 0, took) - kept
     if back > count then back = count end
     if back > 0 then
       count, given = count - back, given + back
-      -- [first + kept, first + kept + back) joins the ranges, merged with
-      -- those it touches.
-      local lo, hi, parts, placed = first + kept, first + kept + back, {}, false
-      for _, range in ipairs(ranges) do
-        if range[2] == lo then
-          lo = range[1]
-        elseif range[1] == hi then
-          hi = range[2]
-        elseif range[1] > hi and not placed then
-          parts[#parts + 1], placed = {lo, hi}, true
-          parts[#parts + 1] = range
-        else
-          parts[#parts + 1] = range
-        end
-      end
-      if not placed then parts[#parts + 1] = {lo, hi} end
-      -- Bounded: at most MAX_RANGES ranges. The lowest goes, and the
-      -- horizon says that a grant starting before its end gives nothing.
-      if #parts > MAX_RANGES then
-        horizon = math.max(horizon, parts[1][2])
-        table.remove(parts, 1)
-      end
-      for i, range in ipairs(parts) do parts[i] = string.format(' %d:%d', range[1], range[2]) end
+      local parts
+      parts, horizon = add_range(ranges, first + kept, first + kept + back, horizon, ' %d:%d')
       set_keeping_ttl(string.format('%d %d %d %d %d%s 3',
         count, start + len, len, given, horizon, table.concat(parts)))
     else

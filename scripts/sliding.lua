@@ -510,10 +510,13 @@ local function write_refund(req, st)
 end
 
 -- reply: Remaining, the fewest permits left; ResetAfter, when the tail
--- leaves the last window.
+-- leaves the last window, and never before the denial's RetryAfter (on a
+-- clock gone wrong the two are bounds of what the state holds, read
+-- apart).
 local function reply(c, used, token)
   local remaining = c.fewest - used
   if remaining < 0 then remaining = 0 end
+  if not c.allowed and c.retry > c.reset then c.reset = c.retry end
   if c.allowed and token then
     return format('1 %d 0 %d %d 0 %s', remaining, c.reset, c.own_index - 1, token)
   elseif c.allowed then

@@ -213,6 +213,9 @@ func (m *SlidingLog) Step(nowUS int64, n int64) Result {
 		res.Limit = m.limits[minAt]
 	}
 	res.ResetAfterUS = view.resetAfter(m.nbMax, P, nowUS)
+	if !res.Allowed && res.RetryAfterUS > res.ResetAfterUS {
+		res.ResetAfterUS = res.RetryAfterUS // never before the retry, as the scripts say
+	}
 	return res
 }
 
