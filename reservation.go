@@ -283,7 +283,8 @@ type reservation struct {
 	// on it: that call waits for a reply to size a batch from, rather
 	// than go to Redis alone as well.
 	replied chan struct{}
-	waiting int // calls waiting on replied
+	waiting int  // calls waiting on replied
+	came    bool // a call came back in this busy spell, with a reply or not
 }
 
 // refill is a batch on its way: calls that arrive meanwhile claim its
@@ -423,10 +424,11 @@ func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, 
 		}
 		// Busy: another call in flight, or a batch that may still hand
 		// out. A batch is sized from Redis's last reply in this busy
-		// spell: before one comes back, a busy call waits for it.
+		// spell: until a call comes back, a busy call waits for one (a
+		// call that came back without a reply sizes no batch).
 		extra := 0
 		busy := r.inflight > 0 || r.b != nil || r.waiting > 0 || waited
-		if busy && r.lastRemaining < 0 && r.inflight > 0 && !alone {
+		if busy && !r.came && r.inflight > 0 && !alone {
 			if r.replied == nil {
 				r.replied = make(chan struct{})
 			}
@@ -460,6 +462,7 @@ func (rs *reserver) allowN(ctx context.Context, key string, n int) (res Result, 
 			answered := time.Now()
 			sh.mu.Lock()
 			r.inflight--
+			r.came = true
 			if r.replied != nil {
 				close(r.replied)
 				r.replied = nil
@@ -499,6 +502,7 @@ func (rs *reserver) fill(ctx context.Context, sh *reserveShard, key string, n in
 	sh.mu.Lock()
 	r.inflight--
 	r.refill = nil
+	r.came = true
 	if r.replied != nil {
 		close(r.replied)
 		r.replied = nil
