@@ -21,8 +21,9 @@ import (
 //
 // A key is busy when a call on it arrives while another call on it, from
 // this limiter, is at Redis, and stays busy while permits it reserved may
-// still be handed out. A busy key's calls wait for a reply of Redis on it
-// if none came in this busy spell; then one asks Redis for its own n plus
+// still be handed out. A busy key's calls wait for the call in flight to
+// come back, if none came back in this busy spell, so that Redis's reply
+// sizes the batch; then one asks Redis for its own n plus
 // a batch sized to the demand seen since the previous one (at least 1,
 // at most batch - n, never more than the Remaining Redis last reported),
 // and calls that arrive meanwhile wait for that round trip instead of
