@@ -34,6 +34,7 @@ local META = '^#(%d+):(%d+)$'
 local MOST = 10000 -- the most leases a grant takes, as the largest limit
 local TRIM = 8     -- lapsed leases a write trims beyond the ones it adds
 local CHUNK = 500  -- members per ZADD or ZREM: Lua's unpack is bounded
+local unpack = table.unpack or unpack -- Lua 5.4 (Dragonfly) has no global unpack
 
 local key = KEYS[1]
 local limit, lease = ARGV[3] + 0, ARGV[4] + 0
