@@ -149,6 +149,7 @@ func (e *environment) featureRows() ([]*row, error) {
 			for k := 0; k < en.nkeys; k++ {
 				r.keys = append(r.keys, fmt.Sprintf("%sx%d:%s:%04d", w.name[:1], i, e.run, k))
 			}
+			r.seqKeys = r.keys
 			for k := 0; k < 50; k++ {
 				if _, err := decide(e.ctx, r.keys[k%len(r.keys)]); err != nil {
 					return nil, fmt.Errorf("%s: %s: warm-up: %w", w.name, en.c.name, err)
