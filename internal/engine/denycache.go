@@ -153,8 +153,8 @@ func (c *denyCache) store(key string, n int, r Reply, began, answered time.Time,
 }
 
 // entryOverhead is what an entry takes on the heap besides its key: the map
-// slot, the list element and the denial (243 to 272 bytes measured on
-// amd64, depending on how full the map is). keyAllowance is the longest key
+// slot, the list element and the denial, rounded up from what amd64 uses
+// (it varies with how full the map is). keyAllowance is the longest key
 // every entry may have before the byte bound evicts older ones.
 const (
 	entryOverhead = 288

@@ -307,9 +307,9 @@ func (d doneBeforeCall) Unwrap() error { return d.error }
 // the goroutine holds its connection until the client gives up. The open
 // breaker keeps such goroutines few: they pile up only until it opens.
 //
-// That goroutine costs a call 3 allocations and two goroutine switches,
-// which doubled the median call in the root package's BenchmarkCtxWatch,
-// so it is spent only where it buys something: a ctx
+// That goroutine costs a call 3 allocations and two goroutine switches
+// (the root package's BenchmarkCtxWatch measures it), so it is spent only
+// where it buys something: a ctx
 // that can be cancelled but has no deadline (a request's) runs on the
 // caller's goroutine, and a cancellation then ends the call at the
 // client's timeouts rather than at once.
