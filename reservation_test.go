@@ -75,6 +75,14 @@ func (s *stepCounts) span(from, to int) int {
 	return total
 }
 
+// reservePeriod is the period of the tests that keep a fake clock still
+// and count on a key staying (the calendar's is its day): a real Redis
+// expires keys on its own clock by the TTLs the scripts set from the fake
+// one. A period of a second let a fixed window's key, or a bucket's
+// holding one permit (1 ms at 1,000 a second), expire between two calls on
+// a loaded machine, and the key looked fresh.
+const reservePeriod = 24 * time.Hour
+
 // reservedAlgorithms are the algorithms WithReservation supports, as the
 // exactness test builds and checks them: each grants limit per period,
 // and allowed says the most a single caller may get in steps from to to
@@ -221,7 +229,12 @@ func TestReservationNeverExceedsTheLimit(t *testing.T) {
 
 // TestReservationRoundTrips counts the decisions Redis makes for 64
 // goroutines on one hot key: with a batch of 64, at most one call in 8
-// reaches Redis, for every algorithm; every call is allowed.
+// reaches Redis, for every algorithm; every call is allowed. The key is
+// kept hot whatever the machine's load: each decision waits (in a hook,
+// before it is sent) until every goroutine still running is inside a
+// call, as on a machine fast enough for the 64 to pile up. Left to the
+// scheduler, a busy machine ran them nearly one at a time, and each small
+// batch was sized to the little demand it saw.
 func TestReservationRoundTrips(t *testing.T) {
 	for _, alg := range reservedAlgorithms {
 		t.Run(alg.name, func(t *testing.T) {
@@ -229,8 +242,11 @@ func TestReservationRoundTrips(t *testing.T) {
 				rec := &commandRecorder{}
 				rdb := sameServer(t, b)
 				rdb.AddHook(rec)
+				pile := &pileUp{}
+				pile.cond = sync.NewCond(&pile.mu)
+				rdb.AddHook(beforeDecision{do: pile.wait})
 				clock := newAtomicClock()
-				l, err := alg.new(rdb, 1_000_000, alg.period, WithClock(clock.Now), WithReservation(64, time.Minute))
+				l, err := alg.new(rdb, 1_000_000, reservePeriod, WithClock(clock.Now), WithReservation(64, time.Minute))
 				require.NoError(t, err)
 				// Half used: a bucket far from full (one about to be full
 				// is decided call by call, see TestReservationFullBucket).
@@ -241,12 +257,16 @@ func TestReservationRoundTrips(t *testing.T) {
 				const goroutines, calls = 64, 20
 				var wg sync.WaitGroup
 				var allowed atomic.Int64
+				pile.start(goroutines)
 				for g := 0; g < goroutines; g++ {
 					wg.Add(1)
 					go func() {
 						defer wg.Done()
+						defer pile.stop()
 						for c := 0; c < calls; c++ {
+							pile.enter()
 							res, err := l.Allow(context.Background(), "hot")
+							pile.leave()
 							if err == nil && res.Allowed {
 								allowed.Add(1)
 							}
@@ -264,6 +284,38 @@ func TestReservationRoundTrips(t *testing.T) {
 	}
 }
 
+// pileUp holds each decision sent until every goroutine of a test still
+// running is inside a call: see TestReservationRoundTrips. Before start,
+// and after every goroutine stopped, it holds nothing.
+type pileUp struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	running int // goroutines started and not stopped
+	inCall  int // of them, inside a call
+}
+
+func (p *pileUp) start(goroutines int) { p.update(func() { p.running = goroutines }) }
+func (p *pileUp) stop()                { p.update(func() { p.running-- }) }
+func (p *pileUp) enter()               { p.update(func() { p.inCall++ }) }
+func (p *pileUp) leave()               { p.update(func() { p.inCall-- }) }
+
+func (p *pileUp) update(change func()) {
+	p.mu.Lock()
+	change()
+	p.mu.Unlock()
+	p.cond.Broadcast()
+}
+
+// wait is the hook's: it returns once every running goroutine is inside
+// a call (the one sending this decision among them).
+func (p *pileUp) wait() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.inCall < p.running {
+		p.cond.Wait()
+	}
+}
+
 // TestReservationNotBusy: calls on a key one at a time cost what they
 // cost without the option: one decision each, nothing held, nothing to
 // refund, and another process sees the key exactly.
@@ -275,9 +327,9 @@ func TestReservationNotBusy(t *testing.T) {
 				rdb := sameServer(t, b)
 				rdb.AddHook(rec)
 				clock := newAtomicClock()
-				a, err := alg.new(rdb, 1000, alg.period, WithClock(clock.Now), WithReservation(64, time.Minute))
+				a, err := alg.new(rdb, 1000, reservePeriod, WithClock(clock.Now), WithReservation(64, time.Minute))
 				require.NoError(t, err)
-				other, err := alg.new(sameServer(t, b), 1000, alg.period, WithClock(clock.Now))
+				other, err := alg.new(sameServer(t, b), 1000, reservePeriod, WithClock(clock.Now))
 				require.NoError(t, err)
 				for i := 0; i < 50; i++ {
 					res, err := a.Allow(context.Background(), "calm")
