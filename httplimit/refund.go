@@ -83,12 +83,18 @@ type charge struct {
 	grant   redlimit.Grant
 	timeout time.Duration // the middleware's decision deadline
 	lease   leaser        // the limiter, when its grants are leases
+	// inFlight is set when the grant holds leases (all of it, with a
+	// lease, or some of its parts': MiddlewareAll's), released when the
+	// request ends.
+	inFlight bool
 }
 
 // serveCharged calls the next handler for a request granted with ch, and
 // gives ch back when a middleware inside denied the request, or when the
 // response says it should not count (WithRefundIf), or, for a lease, when
-// the handler ends. A panic counts as a 500, and goes on after the refund.
+// the handler ends; the leases among several parts' (MiddlewareAll) are
+// released then, and the other parts' permits stay counted. A panic counts
+// as a 500, and goes on after the refund.
 func (h *handler) serveCharged(w http.ResponseWriter, r *http.Request, f *flight, ch *charge) {
 	refundIf := h.cfg.refundIf
 	var rec *statusWriter
@@ -107,17 +113,10 @@ func (h *handler) serveCharged(w http.ResponseWriter, r *http.Request, f *flight
 			hd.release(h, r) // what is in flight ends with the request
 		case f.denied:
 			h.refund(r, ch.grant, ch.grant.N())
-		case refundIf != nil:
-			status := rec.status
-			if status == 0 {
-				status = http.StatusOK // net/http's answer to a handler that wrote nothing
-			}
-			if !returned {
-				status = http.StatusInternalServerError
-			}
-			if refundIf(r, status) {
-				h.refund(r, ch.grant, ch.grant.N())
-			}
+		case refundIf != nil && refundIf(r, rec.answered(returned)):
+			h.refund(r, ch.grant, ch.grant.N())
+		case ch.inFlight:
+			h.release(r, ch.grant)
 		}
 	}()
 	h.next.ServeHTTP(w, r)
@@ -132,6 +131,28 @@ func (h *handler) refund(r *http.Request, g redlimit.Grant, n int) {
 	if err := g.Refund(ctx, n); err != nil {
 		h.tell(r, fmt.Errorf("%w: %w", ErrRefund, err))
 	}
+}
+
+// release ends the leases g holds and keeps its other permits counted,
+// under the decision deadline, telling OnError of a failure.
+func (h *handler) release(r *http.Request, g redlimit.Grant) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.cfg.timeout)
+	defer cancel()
+	if err := g.Release(ctx); err != nil {
+		h.tell(r, fmt.Errorf("%w: releasing the request's leases: %w", ErrRefund, err))
+	}
+}
+
+// answered returns the status the handler answered with: 200 when it wrote
+// nothing (net/http's answer), 500 when it did not return (a panic).
+func (w *statusWriter) answered(returned bool) int {
+	switch {
+	case !returned:
+		return http.StatusInternalServerError
+	case w.status == 0:
+		return http.StatusOK
+	}
+	return w.status
 }
 
 // statusWriter records the status a handler answers with, for

@@ -1,0 +1,232 @@
+package httplimit
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/redlimittest"
+)
+
+// planLimits are the three limits of an API platform's plan: 5 a minute per
+// user, 3 a minute per tenant, 2 in flight per user.
+type planLimits struct {
+	user, tenant redlimit.Limiter
+	inFlight     *redlimit.Concurrency
+}
+
+func newPlanLimits(t *testing.T) (*redlimittest.Env, planLimits) {
+	env := redlimittest.New(t)
+	user, err := redlimit.NewFixedWindow(env.Client(), 5, time.Minute, env.Options(redlimit.WithPrefix("user:"))...)
+	require.NoError(t, err)
+	tenant, err := redlimit.NewFixedWindow(env.Client(), 3, time.Minute, env.Options(redlimit.WithPrefix("tenant:"))...)
+	require.NoError(t, err)
+	inFlight, err := redlimit.NewConcurrency(env.Client(), 2, time.Minute, env.Options(redlimit.WithPrefix("flight:"))...)
+	require.NoError(t, err)
+	return env, planLimits{user, tenant, inFlight}
+}
+
+// parts returns the plan's parts: the user from X-User, the tenant from
+// X-Tenant, in flight per user.
+func (pl planLimits) parts() []Part {
+	return []Part{
+		{Name: "user", Limiter: pl.user, Key: Header("X-User")},
+		{Name: "tenant", Limiter: pl.tenant, Key: Header("X-Tenant")},
+		{Name: "inflight", Limiter: pl.inFlight, Key: Header("X-User")},
+	}
+}
+
+// remaining reads what is left of key on l, taking nothing.
+func remaining(t *testing.T, l redlimit.Limiter, key string) int {
+	t.Helper()
+	res, err := l.AllowN(context.Background(), key, 0)
+	require.NoError(t, err)
+	return res.Remaining
+}
+
+// send serves one request from user in tenant ("" leaves the header out).
+func send(h http.Handler, user, tenant string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	if user != "" {
+		req.Header.Set("X-User", user)
+	}
+	if tenant != "" {
+		req.Header.Set("X-Tenant", tenant)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+const planPolicies = `"user";q=5;w=60, "tenant";q=3;w=60, "inflight";q=2;qu="concurrent-requests"`
+
+// The tenant's limit denies a user who has permits left: 429 names the
+// tenant, Retry-After is the tenant's, every policy is listed, and the
+// user's permit and place in flight were not taken.
+func TestMiddlewareAllTenantDenies(t *testing.T) {
+	env, pl := newPlanLimits(t)
+	var denied []redlimit.Result
+	h := MiddlewareAll(pl.parts(),
+		WithOnError(func(_ *http.Request, err error) { t.Errorf("no decision: %v", err) }),
+		WithOnDenied(func(_ *http.Request, res redlimit.Result, enforced bool) { denied = append(denied, res) }),
+	)(ok)
+
+	for i, user := range []string{"alice", "alice", "bob"} {
+		rec := send(h, user, "acme")
+		require.Equal(t, http.StatusOK, rec.Code, "request %d: the tenant has 3 a minute", i)
+		env.Advance(10 * time.Second)
+	}
+	rec := send(h, "carol", "acme")
+	require.Equal(t, http.StatusTooManyRequests, rec.Code, "the tenant's fourth request")
+	assert.Equal(t, planPolicies, rec.Header().Get("RateLimit-Policy"), "every part's policy is listed")
+	assert.Equal(t, `"tenant";r=0;t=30`, rec.Header().Get("RateLimit"), "RateLimit reports the part that denied")
+	assert.Equal(t, "30", rec.Header().Get("Retry-After"), "the tenant's window closes in 30s")
+	require.Len(t, denied, 1)
+	assert.Equal(t, 1, denied[0].Part, "OnDenied's Result names the tenant part")
+
+	assert.Equal(t, 5, remaining(t, pl.user, "carol"), "nothing was taken from the user's limit")
+	assert.Equal(t, 2, remaining(t, pl.inFlight, "carol"), "the place in flight taken with the denial was given back")
+	assert.Equal(t, 3, remaining(t, pl.user, "alice"), "alice's two requests stay counted")
+	assert.Equal(t, 2, remaining(t, pl.inFlight, "alice"), "alice's places ended with her requests")
+
+	env.Advance(30 * time.Second)
+	assert.Equal(t, http.StatusOK, send(h, "carol", "acme").Code, "the tenant's next window")
+}
+
+// A granted request lists every policy and reports the part with the
+// fewest permits left; the handler finds that Result.
+func TestMiddlewareAllGrantHeaders(t *testing.T) {
+	_, pl := newPlanLimits(t)
+	var seen redlimit.Result
+	h := MiddlewareAll(pl.parts(), WithLegacyHeaders())(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen, _ = ResultFromContext(r.Context())
+	}))
+	for _, tc := range []struct {
+		user, rateLimit, legacyRemaining string
+		part                             int
+	}{
+		// user 4, tenant 2, in flight 1 (during the request).
+		{"alice", `"inflight";r=1;t=60`, "1", 2},
+		// user 4, tenant 1, in flight 1: the first of equals.
+		{"bob", `"tenant";r=1;t=60`, "1", 1},
+		// user 4, tenant 0, in flight 1.
+		{"carol", `"tenant";r=0;t=60`, "0", 1},
+	} {
+		rec := send(h, tc.user, "acme")
+		require.Equal(t, http.StatusOK, rec.Code, tc.user)
+		assert.Equal(t, planPolicies, rec.Header().Get("RateLimit-Policy"), tc.user)
+		assert.Equal(t, tc.rateLimit, rec.Header().Get("RateLimit"), tc.user)
+		assert.Equal(t, tc.legacyRemaining, rec.Header().Get("X-RateLimit-Remaining"), tc.user)
+		assert.Equal(t, tc.part, seen.Part, "%s: Result.Part is the reported part's index", tc.user)
+	}
+}
+
+// A part in flight holds its place while the handler runs: the user's third
+// request at once is denied by it, and takes nothing from the others.
+func TestMiddlewareAllHoldsTheLease(t *testing.T) {
+	_, pl := newPlanLimits(t)
+	inside, proceed := make(chan struct{}, 2), make(chan struct{})
+	h := MiddlewareAll(pl.parts())(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("hold") != "" {
+			inside <- struct{}{}
+			<-proceed
+		}
+	}))
+	done := make(chan int, 2)
+	for range 2 {
+		go func() {
+			req := httptest.NewRequest(http.MethodGet, "/?hold=1", nil)
+			req.Header.Set("X-User", "alice")
+			req.Header.Set("X-Tenant", "acme")
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			done <- rec.Code
+		}()
+	}
+	<-inside
+	<-inside
+	rec := send(h, "alice", "acme")
+	require.Equal(t, http.StatusTooManyRequests, rec.Code, "two in flight: the third waits")
+	assert.Equal(t, `"inflight";r=0;t=60`, rec.Header().Get("RateLimit"))
+	assert.Equal(t, 3, remaining(t, pl.user, "alice"), "the denied request took no user permit")
+	assert.Equal(t, 1, remaining(t, pl.tenant, "acme"), "nor a tenant permit")
+	close(proceed)
+	require.Equal(t, http.StatusOK, <-done)
+	require.Equal(t, http.StatusOK, <-done)
+	assert.Equal(t, 2, remaining(t, pl.inFlight, "alice"), "the places ended with the requests")
+	assert.Equal(t, 3, remaining(t, pl.user, "alice"), "the rate limits' permits stay counted")
+}
+
+// WithRefundIf and Settle give back to every part at once.
+func TestMiddlewareAllRefunds(t *testing.T) {
+	_, pl := newPlanLimits(t)
+	t.Run("refund of a 5xx", func(t *testing.T) {
+		h := MiddlewareAll(pl.parts(), WithRefundIf(serverErrors))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}))
+		require.Equal(t, http.StatusServiceUnavailable, send(h, "alice", "acme").Code)
+		assert.Equal(t, 5, remaining(t, pl.user, "alice"), "the user's permit was given back")
+		assert.Equal(t, 3, remaining(t, pl.tenant, "acme"), "the tenant's permit was given back")
+		assert.Equal(t, 2, remaining(t, pl.inFlight, "alice"), "the place in flight ended")
+	})
+	t.Run("settle", func(t *testing.T) {
+		h := MiddlewareAll(pl.parts()[:2], WithCost(func(*http.Request) int { return 3 }))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			require.NoError(t, Settle(r.Context(), 1))
+		}))
+		require.Equal(t, http.StatusOK, send(h, "bob", "globex").Code)
+		assert.Equal(t, 4, remaining(t, pl.user, "bob"), "the user's limit kept the 1 permit used")
+		assert.Equal(t, 2, remaining(t, pl.tenant, "globex"), "so did the tenant's")
+	})
+}
+
+// A part whose Key returns ErrSkip is left out of the decision and the
+// headers; any other Key error stops the request with nothing taken.
+func TestMiddlewareAllKeys(t *testing.T) {
+	_, pl := newPlanLimits(t)
+	parts := pl.parts()
+	parts[1].Key = func(r *http.Request) (string, error) {
+		if tenant := r.Header.Get("X-Tenant"); tenant != "" {
+			return tenant, nil
+		}
+		return "", ErrSkip // a user of no tenant
+	}
+	h := MiddlewareAll(parts)(ok)
+
+	rec := send(h, "alice", "")
+	require.Equal(t, http.StatusOK, rec.Code)
+	assert.Equal(t, `"user";q=5;w=60, "inflight";q=2;qu="concurrent-requests"`, rec.Header().Get("RateLimit-Policy"), "the tenant part is not listed")
+	assert.Equal(t, 4, remaining(t, pl.user, "alice"))
+
+	rec = send(h, "", "acme")
+	require.Equal(t, http.StatusBadRequest, rec.Code, "the user's key is missing")
+	assert.Equal(t, 3, remaining(t, pl.tenant, "acme"), "nothing was taken from the tenant")
+
+	skipAll := MiddlewareAll([]Part{{Name: "tenant", Limiter: pl.tenant, Key: parts[1].Key}})(ok)
+	rec = send(skipAll, "alice", "")
+	require.Equal(t, http.StatusOK, rec.Code, "no part applies: the request goes on")
+	assert.Empty(t, rec.Header().Get("RateLimit-Policy"), "and is not described")
+}
+
+func TestMiddlewareAllPanicsOnBadSetup(t *testing.T) {
+	_, pl := newPlanLimits(t)
+	user := Part{Name: "user", Limiter: pl.user}
+	for name, build := range map[string]func(){
+		"no parts":          func() { MiddlewareAll(nil) },
+		"nil limiter":       func() { MiddlewareAll([]Part{{Name: "user"}}) },
+		"name used twice":   func() { MiddlewareAll([]Part{user, user}) },
+		"empty name":        func() { MiddlewareAll([]Part{{Limiter: pl.user}}) },
+		"WithKeyFunc":       func() { MiddlewareAll([]Part{user}, WithKeyFunc(ClientIP())) },
+		"WithPolicyName":    func() { MiddlewareAll([]Part{user}, WithPolicyName("x")) },
+		"WithKeepAlive":     func() { MiddlewareAll(pl.parts(), WithKeepAlive(time.Second)) },
+		"a negative window": func() { MiddlewareAll([]Part{{Name: "user", Limiter: pl.user, Window: -time.Second}}) },
+	} {
+		assert.Panics(t, build, name)
+	}
+	assert.NotPanics(t, func() { MiddlewareAll(pl.parts()[:2], WithKeepAlive(time.Second)) }, "no lease to keep alive")
+}
