@@ -78,6 +78,9 @@ type flight struct {
 type charge struct {
 	grant   redlimit.Grant
 	release func() // for a lease: ends its keep-alive and releases it
+	// inFlight is set when some of the grant's parts are leases (the *All
+	// interceptors'), released when the call ends.
+	inFlight bool
 }
 
 // leaser is a limiter whose grants are leases (redlimit.NewConcurrency,
@@ -164,7 +167,8 @@ func inFlight(ctx context.Context) (context.Context, *flight) {
 
 // settleCall gives ch back when an interceptor inside denied the call, or
 // when the handler's outcome should not count (WithRefundIf): its error
-// err, or a panic when it did not return.
+// err, or a panic when it did not return. Else it releases the leases
+// among several parts', and their other permits stay counted.
 func (lim *limiter) settleCall(ctx context.Context, method string, f *flight, ch *charge, err error, returned bool) {
 	if ch.release != nil {
 		ch.release() // what is in flight ends with the call
@@ -178,11 +182,17 @@ func (lim *limiter) settleCall(ctx context.Context, method string, f *flight, ch
 		}
 		refund = lim.cfg.refundIf(code)
 	}
-	if !refund {
+	if !refund && !ch.inFlight {
 		return
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lim.cfg.timeout)
 	defer cancel()
+	if !refund {
+		if rerr := ch.grant.Release(rctx); rerr != nil {
+			lim.tell(ctx, method, fmt.Errorf("%w: releasing the call's leases: %w", ErrRefund, rerr))
+		}
+		return
+	}
 	if rerr := ch.grant.Refund(rctx, ch.grant.N()); rerr != nil {
 		lim.tell(ctx, method, fmt.Errorf("%w: %w", ErrRefund, rerr))
 	}
