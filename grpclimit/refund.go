@@ -28,7 +28,7 @@ var ErrRefund = errors.New("grpclimit: refund failed")
 // under the decision deadline (WithTimeout), on a context that keeps the
 // call's values but not its cancellation, so a client that goes away still
 // gets its refund. A refund that fails is told to OnError (ErrRefund).
-// Default: no refund.
+// With the *All interceptors every part is refunded. Default: no refund.
 func WithRefundIf(refund func(code codes.Code) bool) Option {
 	return func(c *config) { c.refundIf = refund }
 }
@@ -37,7 +37,7 @@ func WithRefundIf(refund func(code codes.Code) bool) Option {
 // permits, for a cost known only at the end (an LLM call's tokens): take
 // the most it can cost up front with WithCost, then settle what it did
 // cost. It settles the interceptor nearest the handler that granted the
-// call. Settling is idempotent: the permits given back are the most any
+// call (an *All interceptor's: every part). Settling is idempotent: the permits given back are the most any
 // Settle (or WithRefundIf's refund) asked for, never a sum. used below 0
 // is an error; used at or above what the call took gives nothing back. An
 // error matches ErrRefund, or redlimit.ErrInvalidArgument when ctx carries

@@ -26,8 +26,8 @@ var ErrRefund = errors.New("httplimit: refund failed")
 // after the handler returns, under the decision deadline (WithTimeout), on
 // a context that keeps the request's values but not its cancellation, so
 // a client that hangs up still gets its refund. A refund that fails is
-// told to OnError (ErrRefund) and leaves the permits used. Default: no
-// refund.
+// told to OnError (ErrRefund) and leaves the permits used. With
+// MiddlewareAll every part is refunded. Default: no refund.
 func WithRefundIf(refund func(r *http.Request, status int) bool) Option {
 	return func(c *config) { c.refundIf = refund }
 }
@@ -36,7 +36,7 @@ func WithRefundIf(refund func(r *http.Request, status int) bool) Option {
 // used permits, for a cost known only at the end (an LLM call's tokens, a
 // response's bytes): take the most it can cost up front with WithCost,
 // then settle what it did cost. It settles the middleware nearest the
-// handler that granted the request. Settling is idempotent: the permits
+// handler that granted the request (MiddlewareAll's: every part). Settling is idempotent: the permits
 // given back are the most any Settle (or WithRefundIf's refund) asked for,
 // never a sum, so settling twice, or settling and then refunding on a 5xx,
 // never gives back more than the request took. used below 0 is an error;
