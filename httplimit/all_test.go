@@ -7,10 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/redistest"
 	"github.com/redlimit/redlimit/redlimittest"
 )
 
@@ -229,4 +231,33 @@ func TestMiddlewareAllPanicsOnBadSetup(t *testing.T) {
 		assert.Panics(t, build, name)
 	}
 	assert.NotPanics(t, func() { MiddlewareAll(pl.parts()[:2], WithKeepAlive(time.Second)) }, "no lease to keep alive")
+}
+
+// On a real redis-server the parts go in one pipeline: the tenant's denial
+// takes nothing from the user's bucket or place in flight. The buckets
+// refill one permit an hour, so the counts do not depend on how long the
+// test takes.
+func TestMiddlewareAllOnRedisServer(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { client.Close() })
+	user, err := redlimit.NewTokenBucket(client, 5, redlimit.PerHour(1), redlimit.WithPrefix("user:"))
+	require.NoError(t, err)
+	tenant, err := redlimit.NewTokenBucket(client, 2, redlimit.PerHour(1), redlimit.WithPrefix("tenant:"))
+	require.NoError(t, err)
+	inFlight, err := redlimit.NewConcurrency(client, 2, time.Minute, redlimit.WithPrefix("flight:"))
+	require.NoError(t, err)
+	pl := planLimits{user, tenant, inFlight}
+	h := MiddlewareAll(pl.parts(), WithTimeout(redlimittest.DecisionDeadline),
+		WithOnError(func(_ *http.Request, err error) { t.Errorf("no decision: %v", err) }))(ok)
+
+	require.Equal(t, http.StatusOK, send(h, "alice", "acme").Code)
+	require.Equal(t, http.StatusOK, send(h, "bob", "acme").Code)
+	rec := send(h, "carol", "acme")
+	require.Equal(t, http.StatusTooManyRequests, rec.Code)
+	assert.Regexp(t, `^"tenant";r=0;t=7(200|19\d)$`, rec.Header().Get("RateLimit"), "the tenant refills in 2 hours")
+	assert.Regexp(t, `^3(600|59\d)$`, rec.Header().Get("Retry-After"), "the tenant refills a permit an hour")
+	assert.Equal(t, 5, remaining(t, pl.user, "carol"), "nothing was taken from the user's bucket")
+	assert.Equal(t, 2, remaining(t, pl.inFlight, "carol"), "nor a place in flight")
+	assert.Equal(t, 4, remaining(t, pl.user, "alice"))
 }
