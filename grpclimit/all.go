@@ -41,7 +41,9 @@ type Part struct {
 // RetryInfo detail as UnaryServerInterceptor's, and a
 // google.rpc.QuotaFailure detail whose violation's subject is the Name of
 // the part that denied (of several, the one with the longest RetryAfter);
-// OnDenied's Result.Part is its index in parts.
+// OnDenied's Result.Part is its index in parts. A denial stands when
+// giving back what other parts took fails (they stay taken until they
+// lapse; OnError hears of it, ErrRefund).
 //
 // Every part is charged the call's cost (WithCost), a Concurrency part
 // too. WithRefundIf and Settle give back to every part at once, and a

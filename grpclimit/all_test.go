@@ -2,6 +2,7 @@ package grpclimit
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -214,4 +215,28 @@ func TestAllPanicsOnBadSetup(t *testing.T) {
 		assert.Panics(t, build, name)
 	}
 	assert.NotPanics(t, func() { UnaryServerInterceptorAll(pl.parts()[:2], WithKeepAlive(time.Second)) }, "no lease to keep alive")
+}
+
+// A denial stands when giving back what the other parts took fails: the
+// call is refused, never failed open, and OnError hears of the refund.
+func TestAllDenialWhoseRefundFails(t *testing.T) {
+	user := &grantingLimiter{failRefund: errors.New("redis down")}
+	var told []error
+	interceptor := UnaryServerInterceptorAll([]Part{
+		{Name: "user", Limiter: user, Key: Metadata("x-user")},
+		{Name: "tenant", Limiter: &grantingLimiter{deny: true}, Key: Metadata("x-tenant")},
+	}, WithOnError(func(_ context.Context, _ string, err error) { told = append(told, err) }))
+	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-user", "alice", "x-tenant", "acme"))
+	ran := false
+	_, err := interceptor(ctx, nil, &grpc.UnaryServerInfo{FullMethod: "/t/M"}, func(context.Context, any) (any, error) {
+		ran = true
+		return nil, nil
+	})
+	require.Equal(t, codes.ResourceExhausted, status.Code(err), "the tenant denied: %v", err)
+	assert.False(t, ran, "the handler did not run")
+	subject, _ := quotaSubject(err)
+	assert.Equal(t, "tenant", subject)
+	assert.Equal(t, []int{1}, user.taken(), "the user's permit was asked back")
+	require.Len(t, told, 1)
+	assert.ErrorIs(t, told[0], ErrRefund, "OnError hears that the refund failed")
 }

@@ -257,8 +257,17 @@ func (lim *limiter) decide(ctx context.Context, method string) (redlimit.Grant, 
 	var res redlimit.Result
 	if lim.parts == nil {
 		res, err = lim.l.AllowN(decideCtx, key, cost)
-	} else if res, err = redlimit.AllowAll(decideCtx, cost, parts...); err == nil {
-		res.Part = decided[res.Part]
+	} else {
+		res, err = redlimit.AllowAll(decideCtx, cost, parts...)
+		if err != nil && res != (redlimit.Result{}) {
+			// Denied, and giving back what the other parts took failed:
+			// they stay taken until they lapse, stricter; the denial stands.
+			lim.tell(ctx, method, fmt.Errorf("%w: %w", ErrRefund, err))
+			err = nil
+		}
+		if err == nil {
+			res.Part = decided[res.Part]
+		}
 	}
 	if err != nil {
 		lim.tell(ctx, method, err)

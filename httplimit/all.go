@@ -55,7 +55,9 @@ type Part struct {
 // several, the one with the longest RetryAfter, which Retry-After
 // follows), else the part with the fewest permits left.
 // ResultFromContext's and OnDenied's Result.Part is that part's index in
-// parts. WithRefundIf and Settle give back to every part at once, and a
+// parts. A denial stands when giving back what other parts took fails
+// (they stay taken until they lapse; OnError hears of it, ErrRefund).
+// WithRefundIf and Settle give back to every part at once, and a
 // Concurrency part's lease is released when the handler ends while the
 // other parts' permits stay counted.
 //
@@ -144,6 +146,12 @@ func (h *handler) serveAll(w http.ResponseWriter, r *http.Request) {
 		ctx = shadow.With(ctx)
 	}
 	res, err := redlimit.AllowAll(ctx, cost, parts...)
+	if err != nil && res != (redlimit.Result{}) {
+		// Denied, and giving back what the other parts took failed: they
+		// stay taken until they lapse, stricter; the denial stands.
+		h.tell(r, fmt.Errorf("%w: %w", ErrRefund, err))
+		err = nil
+	}
 	if err == nil {
 		res.Part = decided[res.Part]
 	}

@@ -2,6 +2,7 @@ package httplimit
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -260,4 +261,26 @@ func TestMiddlewareAllOnRedisServer(t *testing.T) {
 	assert.Equal(t, 5, remaining(t, pl.user, "carol"), "nothing was taken from the user's bucket")
 	assert.Equal(t, 2, remaining(t, pl.inFlight, "carol"), "nor a place in flight")
 	assert.Equal(t, 4, remaining(t, pl.user, "alice"))
+}
+
+// A denial stands when giving back what the other parts took fails: the
+// request is refused, never failed open, and OnError hears of the refund.
+// A part whose limiter reports no strategies is listed only when RateLimit
+// describes it.
+func TestMiddlewareAllDenialWhoseRefundFails(t *testing.T) {
+	user := &grantingLimiter{failRefund: errors.New("redis down")}
+	var errs errorLog
+	h := MiddlewareAll([]Part{
+		{Name: "user", Limiter: user},
+		{Name: "tenant", Limiter: &grantingLimiter{deny: true}},
+	}, WithOnError(errs.record))(ok)
+	rec := send(h, "", "")
+	require.Equal(t, http.StatusTooManyRequests, rec.Code, "the tenant denied")
+	assert.Equal(t, `"tenant";q=1`, rec.Header().Get("RateLimit-Policy"))
+	assert.Equal(t, `"tenant";r=0;t=0`, rec.Header().Get("RateLimit"))
+	assert.Equal(t, "1", rec.Header().Get("Retry-After"))
+	assert.Equal(t, []int{1}, user.taken(), "the user's permit was asked back")
+	told := errs.take()
+	require.Len(t, told, 1)
+	assert.ErrorIs(t, told[0], ErrRefund, "OnError hears that the refund failed")
 }
