@@ -48,15 +48,13 @@ type Part struct {
 // Every part is charged the call's cost (WithCost), a Concurrency part
 // too. WithRefundIf and Settle give back to every part at once, and a
 // Concurrency part's lease is released when the call ends while the other
-// parts' permits stay counted. A Key error, an empty key or a key a
-// limiter refuses is answered as UnaryServerInterceptor answers it;
-// nothing is taken from any part then.
+// parts' permits stay counted (WithKeepAlive renews it). A Key error, an
+// empty key or a key a limiter refuses is answered as
+// UnaryServerInterceptor answers it; nothing is taken from any part then.
 //
 // The options are UnaryServerInterceptor's; WithKeyFunc panics (set each
-// Part's Key), and so does WithKeepAlive with a part whose grants are
-// leases (give the Concurrency a lease longer than the longest call, or
-// its own interceptor). It panics on no parts, a nil Limiter, an empty or
-// repeated Name, or a nil or invalid option.
+// Part's Key). It panics on no parts, a nil Limiter, an empty or repeated
+// Name, or a nil or invalid option.
 func UnaryServerInterceptorAll(parts []Part, opts ...Option) grpc.UnaryServerInterceptor {
 	return newLimiterAll(parts, opts).unary
 }
@@ -87,9 +85,6 @@ func newLimiterAll(parts []Part, opts []Option) *limiter {
 		}
 		names[p.Name] = true
 		if _, ok := p.Limiter.(leaser); ok {
-			if c.keepAlive > 0 {
-				panic(fmt.Sprintf("grpclimit: part %q: WithKeepAlive renews the lease of an interceptor of its own only", p.Name))
-			}
 			lim.leases = true
 		}
 		if p.Key == nil {

@@ -200,25 +200,26 @@ func newConfig(keyFunc KeyFunc, opts []Option) config {
 }
 
 // check decides one call: nil lets it through, with the Grant of what it
-// took (the zero Grant when it took nothing or went through undecided),
-// else a status error. In shadow mode every call goes through. A denial
+// took (the zero Grant when it took nothing or went through undecided)
+// and, for the *All interceptors, the indexes in lim.parts of the parts it
+// decided, in AllowAll's order; else a status error. In shadow mode every call goes through. A denial
 // marks the call's flight, so that the interceptors around this one give
 // back what they took.
-func (lim *limiter) check(ctx context.Context, method string) (redlimit.Grant, error) {
-	g, err := lim.decide(ctx, method)
+func (lim *limiter) check(ctx context.Context, method string) (redlimit.Grant, []int, error) {
+	g, decided, err := lim.decide(ctx, method)
 	if err != nil && lim.cfg.shadow {
-		return g, nil
+		return g, decided, nil
 	}
 	if err != nil && status.Code(err) == codes.ResourceExhausted {
 		if f, _ := ctx.Value(flightKey{}).(*flight); f != nil {
 			f.denied = true
 		}
 	}
-	return g, err
+	return g, decided, err
 }
 
 // decide is check as enforced.
-func (lim *limiter) decide(ctx context.Context, method string) (redlimit.Grant, error) {
+func (lim *limiter) decide(ctx context.Context, method string) (redlimit.Grant, []int, error) {
 	var none redlimit.Grant
 	c := &lim.cfg
 	var key string
@@ -236,17 +237,17 @@ func (lim *limiter) decide(ctx context.Context, method string) (redlimit.Grant, 
 	if err != nil {
 		lim.tell(ctx, method, err)
 		if errors.Is(err, ErrMissingKey) {
-			return none, status.Error(codes.InvalidArgument, "missing rate limit key")
+			return none, nil, status.Error(codes.InvalidArgument, "missing rate limit key")
 		}
-		return none, status.Error(codes.Internal, "no rate limit key")
+		return none, nil, status.Error(codes.Internal, "no rate limit key")
 	}
 	cost := c.cost(ctx, method)
 	if cost < 0 {
 		lim.tell(ctx, method, fmt.Errorf("grpclimit: cost %d is negative", cost))
-		return none, status.Error(codes.Internal, "bad request cost")
+		return none, nil, status.Error(codes.Internal, "bad request cost")
 	}
 	if lim.parts != nil && len(parts) == 0 {
-		return none, nil // no part applies
+		return none, nil, nil // no part applies
 	}
 	// The client's grpc-timeout plays no part: see WithTimeout.
 	decideCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
@@ -274,27 +275,27 @@ func (lim *limiter) decide(ctx context.Context, method string) (redlimit.Grant, 
 		if errors.Is(err, redlimit.ErrInvalidArgument) {
 			// A key the limiter refuses (longer than 1024 bytes, say) is
 			// the caller's input: never a reason to fail open.
-			return none, status.Error(codes.InvalidArgument, "invalid rate limit key")
+			return none, nil, status.Error(codes.InvalidArgument, "invalid rate limit key")
 		}
 		if !c.failClosed {
-			return none, nil
+			return none, nil, nil
 		}
 		st := status.New(codes.Unavailable, "rate limiter unavailable")
 		if wait, ok := redlimit.RetryAfter(err); ok && wait > 0 {
 			st = withRetry(st, wait)
 		}
-		return none, st.Err()
+		return none, nil, st.Err()
 	}
 	if res.Allowed {
-		return res.Grant, nil
+		return res.Grant, decided, nil
 	}
 	if c.onDenied != nil {
 		c.onDenied(ctx, method, res, !c.shadow)
 	}
 	if res.RetryAfter == redlimit.Never {
-		return none, lim.withPart(status.Newf(codes.ResourceExhausted, "request exceeds the rate limit of %d", res.Limit), res).Err()
+		return none, nil, lim.withPart(status.Newf(codes.ResourceExhausted, "request exceeds the rate limit of %d", res.Limit), res).Err()
 	}
-	return none, withRetry(lim.withPart(status.New(codes.ResourceExhausted, "rate limit exceeded"), res), res.RetryAfter).Err()
+	return none, nil, withRetry(lim.withPart(status.New(codes.ResourceExhausted, "rate limit exceeded"), res), res.RetryAfter).Err()
 }
 
 // withPart adds, for the *All interceptors, a QuotaFailure detail naming
@@ -344,14 +345,14 @@ func UnaryServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.UnaryServer
 // unary is the unary interceptor.
 func (lim *limiter) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 	ctx, f := inFlight(ctx)
-	g, err := lim.check(ctx, info.FullMethod)
+	g, decided, err := lim.check(ctx, info.FullMethod)
 	if err != nil {
 		return nil, err
 	}
 	if g.N() == 0 {
 		return handler(ctx, req)
 	}
-	ch := lim.charge(ctx, info.FullMethod, g)
+	ch := lim.charge(ctx, info.FullMethod, g, decided)
 	f.innermost = ch
 	returned := false
 	defer func() { lim.settleCall(ctx, info.FullMethod, f, ch, err, returned) }()
@@ -370,14 +371,14 @@ func StreamServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.StreamServ
 // stream is the stream interceptor.
 func (lim *limiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
 	ctx, f := inFlight(ss.Context())
-	g, err := lim.check(ctx, info.FullMethod)
+	g, decided, err := lim.check(ctx, info.FullMethod)
 	if err != nil {
 		return err
 	}
 	if g.N() == 0 {
 		return handler(srv, contextStream{ss, ctx})
 	}
-	ch := lim.charge(ctx, info.FullMethod, g)
+	ch := lim.charge(ctx, info.FullMethod, g, decided)
 	f.innermost = ch
 	returned := false
 	defer func() { lim.settleCall(ctx, info.FullMethod, f, ch, err, returned) }()
@@ -386,12 +387,20 @@ func (lim *limiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServe
 	return err
 }
 
-// charge returns the charge of a call granted g: for a limiter whose
-// grants are leases, one that holds them until the call ends.
-func (lim *limiter) charge(ctx context.Context, method string, g redlimit.Grant) *charge {
+// charge returns the charge of a call granted g (on the parts decided):
+// for a limiter whose grants are leases, or parts some of whose are, one
+// that holds them until the call ends, renewed with WithKeepAlive.
+func (lim *limiter) charge(ctx context.Context, method string, g redlimit.Grant, decided []int) *charge {
 	ch := &charge{grant: g, inFlight: lim.leases}
+	var extend extendFunc
 	if l, ok := lim.l.(leaser); ok {
-		ch.release = lim.holdLease(ctx, method, l, ch)
+		ch.lease = true
+		extend = l.ExtendGrant
+	} else if lim.leases {
+		extend = lim.extendParts(decided)
+	}
+	if extend != nil && lim.cfg.keepAlive > 0 {
+		ch.stop = lim.keepAlive(ctx, method, extend, ch)
 	}
 	return ch
 }

@@ -59,12 +59,10 @@ type Part struct {
 // (they stay taken until they lapse; OnError hears of it, ErrRefund).
 // WithRefundIf and Settle give back to every part at once, and a
 // Concurrency part's lease is released when the handler ends while the
-// other parts' permits stay counted.
+// other parts' permits stay counted; WithKeepAlive renews it.
 //
 // The options are Middleware's but for those a Part sets: WithKeyFunc,
-// WithPolicyName, WithWindow and WithPlans panic, and so does
-// WithKeepAlive with a part whose grants are leases (give the Concurrency
-// a lease longer than the longest request, or its own Middleware). A Key
+// WithPolicyName, WithWindow and WithPlans panic. A Key
 // error, an empty key or a key a limiter refuses is answered as
 // Middleware answers it; nothing is taken from any part then. It panics,
 // when called, on no parts, a nil Limiter, an empty or repeated Name, a
@@ -96,9 +94,6 @@ func MiddlewareAll(parts []Part, opts ...Option) func(http.Handler) http.Handler
 		}
 		names[p.Name] = true
 		pol := c.newPolicy(p.Name, p.Limiter, ceilSeconds(p.Window))
-		if pol.lease && c.keepAlive > 0 {
-			panic(fmt.Sprintf("httplimit: MiddlewareAll: part %q: WithKeepAlive renews the lease of a Middleware of its own only", p.Name))
-		}
 		pol.key = p.Key
 		if pol.key == nil {
 			pol.key = ClientIP()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/inmem"
 	"github.com/redlimit/redlimit/internal/redistest"
 	"github.com/redlimit/redlimit/redlimittest"
 )
@@ -226,12 +228,10 @@ func TestMiddlewareAllPanicsOnBadSetup(t *testing.T) {
 		"empty name":        func() { MiddlewareAll([]Part{{Limiter: pl.user}}) },
 		"WithKeyFunc":       func() { MiddlewareAll([]Part{user}, WithKeyFunc(ClientIP())) },
 		"WithPolicyName":    func() { MiddlewareAll([]Part{user}, WithPolicyName("x")) },
-		"WithKeepAlive":     func() { MiddlewareAll(pl.parts(), WithKeepAlive(time.Second)) },
 		"a negative window": func() { MiddlewareAll([]Part{{Name: "user", Limiter: pl.user, Window: -time.Second}}) },
 	} {
 		assert.Panics(t, build, name)
 	}
-	assert.NotPanics(t, func() { MiddlewareAll(pl.parts()[:2], WithKeepAlive(time.Second)) }, "no lease to keep alive")
 }
 
 // On a real redis-server the parts go in one pipeline: the tenant's denial
@@ -283,4 +283,57 @@ func TestMiddlewareAllDenialWhoseRefundFails(t *testing.T) {
 	told := errs.take()
 	require.Len(t, told, 1)
 	assert.ErrorIs(t, told[0], ErrRefund, "OnError hears that the refund failed")
+}
+
+// WithKeepAlive renews the lease of a part in flight, and of that part
+// only: on the fake clock three lease periods pass while the request runs,
+// each after a renewal, and the place is still held. The in-process part
+// after it is decided before the Redis part, so this also finds the lease
+// among the group's grants by its part.
+func TestMiddlewareAllKeepAlive(t *testing.T) {
+	env := redlimittest.New(t)
+	var renewed atomic.Int64
+	count := redlimit.WithObserver(func(d redlimit.Decision) {
+		if d.Result.Allowed && d.N > 0 && !d.Refund {
+			renewed.Add(1) // the grant, then each renewal
+		}
+	})
+	inFlight, err := redlimit.NewConcurrency(env.Client(), 1, time.Minute, env.Options(count)...)
+	require.NoError(t, err)
+	user, err := inmem.NewFixedWindow(100, time.Hour, inmem.WithClock(env.Now))
+	require.NoError(t, err)
+	var errs errorLog
+	inside, proceed := make(chan struct{}), make(chan struct{})
+	h := MiddlewareAll([]Part{
+		{Name: "inflight", Limiter: inFlight, Key: Header("X-User")},
+		{Name: "user", Limiter: user, Key: Header("X-User")},
+	}, WithKeepAlive(time.Millisecond), WithOnError(errs.record))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("hold") != "" {
+			close(inside)
+			<-proceed
+		}
+	}))
+	done := make(chan int)
+	go func() {
+		req := httptest.NewRequest(http.MethodGet, "/?hold=1", nil)
+		req.Header.Set("X-User", "alice")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		done <- rec.Code
+	}()
+	<-inside
+	// A renewal seen after a step may have read the clock before it: steps
+	// of a third of the lease leave it a third to spare.
+	for range 9 {
+		seen := renewed.Load()
+		require.Eventually(t, func() bool { return renewed.Load() > seen }, 10*time.Second, time.Millisecond, "a renewal")
+		env.Advance(20 * time.Second)
+	}
+	require.Equal(t, http.StatusTooManyRequests, send(h, "alice", "").Code, "three lease periods later the renewed lease still holds the place")
+	assert.Equal(t, 99, remaining(t, user, "alice"), "the renewals and the denial took nothing from the user part")
+	close(proceed)
+	require.Equal(t, http.StatusOK, <-done)
+	assert.Equal(t, 1, remaining(t, inFlight, "alice"), "the renewed lease ended with the request")
+	assert.Equal(t, 99, remaining(t, user, "alice"), "the user part's permit stays counted")
+	assert.Empty(t, errs.take(), "every renewal and the release went through")
 }

@@ -415,6 +415,16 @@ func (c *config) newPolicy(name string, l redlimit.Limiter, windowSeconds int64)
 	return p
 }
 
+// leaser returns p's limiter when its grants are leases; nothing for a nil
+// p (MiddlewareAll's).
+func (p *policy) leaser() (leaser, bool) {
+	if p == nil || !p.lease {
+		return nil, false
+	}
+	l, ok := p.limiter.(leaser)
+	return l, ok
+}
+
 // windowParam returns the w parameter of a Result of limit limit, when the
 // limiter tells it: the window of its strategy of that limit, or of its
 // only strategy (a fallback's share keeps the window).
@@ -524,12 +534,17 @@ func (h *handler) answer(w http.ResponseWriter, r *http.Request, res redlimit.Re
 			return
 		}
 		ch := &charge{grant: res.Grant, timeout: c.timeout}
-		if p != nil {
-			ch.lease, _ = p.limiter.(leaser)
-			ch.inFlight = p.lease
+		if l, ok := p.leaser(); ok {
+			ch.lease = true
+			if c.keepAlive > 0 {
+				ch.extend = l.ExtendGrant
+			}
 		}
 		for _, i := range decided {
 			ch.inFlight = ch.inFlight || h.policies[i].lease
+		}
+		if ch.inFlight && c.keepAlive > 0 {
+			ch.extend = h.extendParts(decided)
 		}
 		f.innermost = ch
 		h.serveCharged(w, r, f, ch)

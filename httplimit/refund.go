@@ -82,10 +82,15 @@ type flight struct {
 type charge struct {
 	grant   redlimit.Grant
 	timeout time.Duration // the middleware's decision deadline
-	lease   leaser        // the limiter, when its grants are leases
-	// inFlight is set when the grant holds leases (all of it, with a
-	// lease, or some of its parts': MiddlewareAll's), released when the
-	// request ends.
+	// extend renews the grant's leases (WithKeepAlive); nil when it holds
+	// none or none is to be renewed.
+	extend extendFunc
+	// lease is set when the grant is a lease: all of it ends with the
+	// request.
+	lease bool
+	// inFlight is set when some of its parts' grants are leases
+	// (MiddlewareAll's): those end with the request, the others stay
+	// counted.
 	inFlight bool
 }
 
@@ -103,20 +108,22 @@ func (h *handler) serveCharged(w http.ResponseWriter, r *http.Request, f *flight
 		w = rec
 	}
 	var hd *holding
-	if ch.lease != nil {
-		hd = h.hold(r, ch.lease, ch)
+	if ch.extend != nil {
+		hd = h.hold(r, ch.extend, ch.grant)
 	}
 	returned := false
 	defer func() {
+		g := ch.grant
+		if hd != nil {
+			g = hd.stop()
+		}
 		switch {
-		case hd != nil:
-			hd.release(h, r) // what is in flight ends with the request
-		case f.denied:
-			h.refund(r, ch.grant, ch.grant.N())
+		case ch.lease || f.denied:
+			h.refund(r, g, g.N()) // a lease ends with the request
 		case refundIf != nil && refundIf(r, rec.answered(returned)):
-			h.refund(r, ch.grant, ch.grant.N())
+			h.refund(r, g, g.N())
 		case ch.inFlight:
-			h.release(r, ch.grant)
+			h.release(r, g)
 		}
 	}()
 	h.next.ServeHTTP(w, r)
