@@ -202,9 +202,9 @@ func newConfig(keyFunc KeyFunc, opts []Option) config {
 // check decides one call: nil lets it through, with the Grant of what it
 // took (the zero Grant when it took nothing or went through undecided)
 // and, for the *All interceptors, the indexes in lim.parts of the parts it
-// decided, in AllowAll's order; else a status error. In shadow mode every call goes through. A denial
-// marks the call's flight, so that the interceptors around this one give
-// back what they took.
+// decided, in AllowAll's order; else a status error. In shadow mode every
+// call goes through. A denial marks the call's flight, so that the
+// interceptors around this one give back what they took.
 func (lim *limiter) check(ctx context.Context, method string) (redlimit.Grant, []int, error) {
 	g, decided, err := lim.decide(ctx, method)
 	if err != nil && lim.cfg.shadow {

@@ -38,11 +38,11 @@ func WithRefundIf(refund func(code codes.Code) bool) Option {
 // permits, for a cost known only at the end (an LLM call's tokens): take
 // the most it can cost up front with WithCost, then settle what it did
 // cost. It settles the interceptor nearest the handler that granted the
-// call (an *All interceptor's: every part). Settling is idempotent: the permits given back are the most any
-// Settle (or WithRefundIf's refund) asked for, never a sum. used below 0
-// is an error; used at or above what the call took gives nothing back. An
-// error matches ErrRefund, or redlimit.ErrInvalidArgument when ctx carries
-// no grant.
+// call (an *All interceptor's: every part). Settling is idempotent: the
+// permits given back are the most any Settle (or WithRefundIf's refund)
+// asked for, never a sum. used below 0 is an error; used at or above what
+// the call took gives nothing back. An error matches ErrRefund, or
+// redlimit.ErrInvalidArgument when ctx carries no grant.
 func Settle(ctx context.Context, used int) error {
 	f, _ := ctx.Value(flightKey{}).(*flight)
 	if f == nil || f.innermost == nil {
@@ -100,10 +100,11 @@ type leaser interface {
 
 // WithKeepAlive extends a call's lease every interval while its handler
 // runs (a long stream, say), for a limiter whose grants are leases (a
-// redlimit.Concurrency, alone or a part of an *All interceptor). Default: no renewal, so a call that outlives its
-// lease loses its place; choose a lease longer than the longest call, or
-// an interval well below the lease. A failed renewal is told to OnError.
-// An interval that is not positive panics.
+// redlimit.Concurrency, alone or a part of an *All interceptor). Default:
+// no renewal, so a call that outlives its lease loses its place; choose a
+// lease longer than the longest call, or an interval well below the lease.
+// A failed renewal is told to OnError. An interval that is not positive
+// panics.
 func WithKeepAlive(interval time.Duration) Option {
 	return func(c *config) {
 		c.keepAlive = interval

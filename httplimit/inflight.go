@@ -21,8 +21,9 @@ type leaser interface {
 
 // WithKeepAlive extends a request's lease every interval while its
 // handler runs, for a limiter whose grants are leases (a
-// redlimit.Concurrency, alone or a MiddlewareAll part): a request longer than the lease period then keeps
-// its place, and one whose process dies loses it within a lease period.
+// redlimit.Concurrency, alone or a MiddlewareAll part): a request longer
+// than the lease period then keeps its place, and one whose process dies
+// loses it within a lease period.
 // Default: no renewal, so a request that outlives its lease loses its
 // place to the next one; choose a lease longer than the longest request,
 // or an interval well below the lease (a third of it, say). A failed

@@ -36,10 +36,11 @@ func WithRefundIf(refund func(r *http.Request, status int) bool) Option {
 // used permits, for a cost known only at the end (an LLM call's tokens, a
 // response's bytes): take the most it can cost up front with WithCost,
 // then settle what it did cost. It settles the middleware nearest the
-// handler that granted the request (MiddlewareAll's: every part). Settling is idempotent: the permits
-// given back are the most any Settle (or WithRefundIf's refund) asked for,
-// never a sum, so settling twice, or settling and then refunding on a 5xx,
-// never gives back more than the request took. used below 0 is an error;
+// handler that granted the request (MiddlewareAll's: every part).
+// Settling is idempotent: the permits given back are the most any Settle
+// (or WithRefundIf's refund) asked for, never a sum, so settling twice, or
+// settling and then refunding on a 5xx, never gives back more than the
+// request took. used below 0 is an error;
 // used at or above what the request took gives nothing back. An error
 // matches ErrRefund, or redlimit.ErrInvalidArgument when ctx carries no
 // grant (no middleware granted this request, or its cost was 0).
