@@ -294,3 +294,23 @@ func TestKeepAlive(t *testing.T) {
 		})
 	}
 }
+
+// In shadow mode a denial by one part lets the call through, and OnDenied
+// hears which part would have denied it.
+func TestAllShadow(t *testing.T) {
+	_, pl := newPlanLimits(t)
+	var denied []redlimit.Result
+	in := UnaryServerInterceptorAll(pl.parts()[:2], WithShadow(),
+		WithOnDenied(func(_ context.Context, _ string, res redlimit.Result, enforced bool) {
+			assert.False(t, enforced)
+			denied = append(denied, res)
+		}))
+	for i, user := range []string{"alice", "bob", "carol", "dave"} {
+		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-user", user, "x-tenant", "acme"))
+		_, err := in(ctx, nil, &grpc.UnaryServerInfo{FullMethod: "/t/M"}, func(context.Context, any) (any, error) { return nil, nil })
+		require.NoError(t, err, "call %d goes through", i)
+	}
+	require.Len(t, denied, 1, "the tenant's fourth call would have been denied")
+	assert.Equal(t, 1, denied[0].Part, "by the tenant part")
+	assert.Equal(t, 5, remaining(t, pl.user, "dave"), "the would-be denial took nothing from the user part")
+}

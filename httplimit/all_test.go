@@ -337,3 +337,25 @@ func TestMiddlewareAllKeepAlive(t *testing.T) {
 	assert.Equal(t, 99, remaining(t, user, "alice"), "the user part's permit stays counted")
 	assert.Empty(t, errs.take(), "every renewal and the release went through")
 }
+
+// In shadow mode a denial by one part lets the request through without
+// headers, and OnDenied hears which part would have denied it.
+func TestMiddlewareAllShadow(t *testing.T) {
+	_, pl := newPlanLimits(t)
+	var denied []redlimit.Result
+	var enforcedAny bool
+	h := MiddlewareAll(pl.parts()[:2], WithShadow(),
+		WithOnDenied(func(_ *http.Request, res redlimit.Result, enforced bool) {
+			denied = append(denied, res)
+			enforcedAny = enforcedAny || enforced
+		}))(ok)
+	for i, user := range []string{"alice", "bob", "carol", "dave"} {
+		rec := send(h, user, "acme")
+		require.Equal(t, http.StatusOK, rec.Code, "request %d goes through", i)
+		assert.Empty(t, rec.Header().Get("RateLimit"), "request %d: clients see no change", i)
+	}
+	require.Len(t, denied, 1, "the tenant's fourth request would have been denied")
+	assert.Equal(t, 1, denied[0].Part, "by the tenant part")
+	assert.False(t, enforcedAny)
+	assert.Equal(t, 5, remaining(t, pl.user, "dave"), "the would-be denial took nothing from the user part")
+}
