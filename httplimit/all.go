@@ -61,12 +61,12 @@ type Part struct {
 // Concurrency part's lease is released when the handler ends while the
 // other parts' permits stay counted; WithKeepAlive renews it.
 //
-// The options are Middleware's but for those a Part sets: WithKeyFunc,
-// WithPolicyName, WithWindow and WithPlans panic. A Key
-// error, an empty key or a key a limiter refuses is answered as
-// Middleware answers it; nothing is taken from any part then. It panics,
-// when called, on no parts, a nil Limiter, an empty or repeated Name, a
-// negative Window, or a nil or invalid option.
+// The options are Middleware's, but WithKeyFunc, WithPolicyName and
+// WithWindow, which a Part sets, and WithPlans panic. A Key error, an
+// empty key or a key a limiter refuses is answered as Middleware answers
+// it; nothing is taken from any part then. It panics, when called, on no
+// parts, a nil Limiter, an empty, repeated or non-ASCII Name, a negative
+// Window, or a nil or invalid option.
 func MiddlewareAll(parts []Part, opts ...Option) func(http.Handler) http.Handler {
 	c := newConfig("MiddlewareAll", nil, "", opts)
 	switch {
