@@ -134,6 +134,11 @@ func AllowAll(ctx context.Context, n int, parts ...Part) (Result, error) {
 	res := results[fewest]
 	res.Grant = Grant{}
 	if n > 0 {
+		// Every part granted: the same grants, in the parts' order.
+		grants = grants[:0]
+		for _, r := range results {
+			grants = append(grants, r.Grant)
+		}
 		res.Grant = engine.NewGroupGrant(grants, n)
 	}
 	return res, nil

@@ -22,6 +22,14 @@
 //
 // A stream is limited once, when it opens.
 //
+// # Several parts
+//
+// UnaryServerInterceptorAll and StreamServerInterceptorAll decide several
+// limits, each with its own key (per user, per tenant, in flight), as one
+// redlimit.AllowAll: a call is granted by every part or takes nothing from
+// any. A denial adds a google.rpc.QuotaFailure detail naming the part that
+// denied.
+//
 // # Deadlines
 //
 // The limiter runs under the interceptor's own decision deadline

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -76,4 +77,50 @@ func ExampleWithShadow() {
 	// hello OK
 	// denied /greeter.Greeter/Hello enforced: false
 	// hello OK
+}
+
+// Two limits decided as one: 3 calls a minute per user, 4 a minute per
+// tenant. The tenant's denial names the tenant in a QuotaFailure detail,
+// and costs bob nothing.
+func ExampleUnaryServerInterceptorAll() {
+	env, err := redlimittest.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer env.Close()
+	perUser, err := redlimit.NewFixedWindow(env.Client(), 3, time.Minute, env.Options(redlimit.WithPrefix("user:"))...)
+	if err != nil {
+		panic(err)
+	}
+	perTenant, err := redlimit.NewFixedWindow(env.Client(), 4, time.Minute, env.Options(redlimit.WithPrefix("tenant:"))...)
+	if err != nil {
+		panic(err)
+	}
+	interceptor := grpclimit.UnaryServerInterceptorAll([]grpclimit.Part{
+		{Name: "user", Limiter: perUser, Key: grpclimit.Metadata("x-user")},
+		{Name: "tenant", Limiter: perTenant, Key: grpclimit.Metadata("x-tenant")},
+	})
+	handler := func(ctx context.Context, req any) (any, error) { return "hello", nil }
+	info := &grpc.UnaryServerInfo{FullMethod: "/greeter.Greeter/Hello"}
+	for _, user := range []string{"alice", "alice", "alice", "alice", "bob", "bob"} {
+		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-user", user, "x-tenant", "acme"))
+		_, err := interceptor(ctx, nil, info, handler)
+		fmt.Print(user, " ", status.Code(err))
+		for _, d := range status.Convert(err).Details() {
+			if qf, ok := d.(*errdetails.QuotaFailure); ok {
+				fmt.Print(" denied by ", qf.GetViolations()[0].GetSubject())
+			}
+		}
+		fmt.Println()
+	}
+	left, _ := perUser.AllowN(context.Background(), "bob", 0)
+	fmt.Println("bob's calls left:", left.Remaining)
+	// Output:
+	// alice OK
+	// alice OK
+	// alice OK
+	// alice ResourceExhausted denied by user
+	// bob OK
+	// bob ResourceExhausted denied by tenant
+	// bob's calls left: 2
 }

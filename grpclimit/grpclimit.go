@@ -155,16 +155,30 @@ func WithShadow() Option { return func(c *config) { c.shadow = true } }
 
 // limiter holds what both interceptors share.
 type limiter struct {
-	cfg config
-	l   redlimit.Limiter
+	cfg   config
+	l     redlimit.Limiter // nil with parts
+	parts []Part           // the *All interceptors'; their Keys set
+	// leases is set when a part's grants are leases, released when the
+	// call ends.
+	leases bool
 }
 
 func newLimiter(l redlimit.Limiter, opts []Option) *limiter {
 	if nilcheck.IsNil(l) {
 		panic(fmt.Sprintf("grpclimit: nil Limiter (%T): check the error of its constructor", l))
 	}
+	c := newConfig(PeerIP, opts)
+	if c.keyFunc == nil {
+		panic("grpclimit: WithKeyFunc(nil)")
+	}
+	return &limiter{cfg: c, l: l}
+}
+
+// newConfig applies opts to the defaults, with keyFunc as given, and
+// panics on an invalid option.
+func newConfig(keyFunc KeyFunc, opts []Option) config {
 	c := config{
-		keyFunc: PeerIP,
+		keyFunc: keyFunc,
 		cost:    func(context.Context, string) int { return 1 },
 		timeout: 100 * time.Millisecond,
 	}
@@ -175,8 +189,6 @@ func newLimiter(l redlimit.Limiter, opts []Option) *limiter {
 		opt(&c)
 	}
 	switch {
-	case c.keyFunc == nil:
-		panic("grpclimit: WithKeyFunc(nil)")
 	case c.cost == nil:
 		panic("grpclimit: WithCost(nil)")
 	case c.timeout <= 0:
@@ -184,46 +196,58 @@ func newLimiter(l redlimit.Limiter, opts []Option) *limiter {
 	case c.keepAlive < 0:
 		panic("grpclimit: WithKeepAlive: the interval must be positive")
 	}
-	return &limiter{cfg: c, l: l}
+	return c
 }
 
 // check decides one call: nil lets it through, with the Grant of what it
-// took (the zero Grant when it took nothing or went through undecided),
-// else a status error. In shadow mode every call goes through. A denial
-// marks the call's flight, so that the interceptors around this one give
-// back what they took.
-func (lim *limiter) check(ctx context.Context, method string) (redlimit.Grant, error) {
-	g, err := lim.decide(ctx, method)
+// took (the zero Grant when it took nothing or went through undecided)
+// and, for the *All interceptors, the indexes in lim.parts of the parts it
+// decided, in AllowAll's order; else a status error. In shadow mode every
+// call goes through. A denial marks the call's flight, so that the
+// interceptors around this one give back what they took.
+func (lim *limiter) check(ctx context.Context, method string) (redlimit.Grant, []int, error) {
+	g, decided, err := lim.decide(ctx, method)
 	if err != nil && lim.cfg.shadow {
-		return g, nil
+		return g, decided, nil
 	}
 	if err != nil && status.Code(err) == codes.ResourceExhausted {
 		if f, _ := ctx.Value(flightKey{}).(*flight); f != nil {
 			f.denied = true
 		}
 	}
-	return g, err
+	return g, decided, err
 }
 
 // decide is check as enforced.
-func (lim *limiter) decide(ctx context.Context, method string) (redlimit.Grant, error) {
+func (lim *limiter) decide(ctx context.Context, method string) (redlimit.Grant, []int, error) {
 	var none redlimit.Grant
 	c := &lim.cfg
-	key, err := c.keyFunc(ctx, method)
-	if err == nil && key == "" {
-		err = errors.New("empty key")
+	var key string
+	var parts []redlimit.Part
+	var decided []int // the index in lim.parts of each of parts
+	var err error
+	if lim.parts == nil {
+		key, err = c.keyFunc(ctx, method)
+		if err == nil && key == "" {
+			err = errors.New("empty key")
+		}
+	} else {
+		parts, decided, err = lim.partKeys(ctx, method)
 	}
 	if err != nil {
 		lim.tell(ctx, method, err)
 		if errors.Is(err, ErrMissingKey) {
-			return none, status.Error(codes.InvalidArgument, "missing rate limit key")
+			return none, nil, status.Error(codes.InvalidArgument, "missing rate limit key")
 		}
-		return none, status.Error(codes.Internal, "no rate limit key")
+		return none, nil, status.Error(codes.Internal, "no rate limit key")
 	}
 	cost := c.cost(ctx, method)
 	if cost < 0 {
 		lim.tell(ctx, method, fmt.Errorf("grpclimit: cost %d is negative", cost))
-		return none, status.Error(codes.Internal, "bad request cost")
+		return none, nil, status.Error(codes.Internal, "bad request cost")
+	}
+	if lim.parts != nil && len(parts) == 0 {
+		return none, nil, nil // no part applies
 	}
 	// The client's grpc-timeout plays no part: see WithTimeout.
 	decideCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
@@ -231,33 +255,63 @@ func (lim *limiter) decide(ctx context.Context, method string) (redlimit.Grant, 
 	if c.shadow {
 		decideCtx = shadow.With(decideCtx)
 	}
-	res, err := lim.l.AllowN(decideCtx, key, cost)
+	var res redlimit.Result
+	if lim.parts == nil {
+		res, err = lim.l.AllowN(decideCtx, key, cost)
+	} else {
+		res, err = redlimit.AllowAll(decideCtx, cost, parts...)
+		if err != nil && res != (redlimit.Result{}) {
+			// Denied, and giving back what the other parts took failed:
+			// they stay taken until they lapse, stricter; the denial stands.
+			lim.tell(ctx, method, fmt.Errorf("%w: %w", ErrRefund, err))
+			err = nil
+		}
+		if err == nil {
+			res.Part = decided[res.Part]
+		}
+	}
 	if err != nil {
 		lim.tell(ctx, method, err)
 		if errors.Is(err, redlimit.ErrInvalidArgument) {
 			// A key the limiter refuses (longer than 1024 bytes, say) is
 			// the caller's input: never a reason to fail open.
-			return none, status.Error(codes.InvalidArgument, "invalid rate limit key")
+			return none, nil, status.Error(codes.InvalidArgument, "invalid rate limit key")
 		}
 		if !c.failClosed {
-			return none, nil
+			return none, nil, nil
 		}
 		st := status.New(codes.Unavailable, "rate limiter unavailable")
 		if wait, ok := redlimit.RetryAfter(err); ok && wait > 0 {
 			st = withRetry(st, wait)
 		}
-		return none, st.Err()
+		return none, nil, st.Err()
 	}
 	if res.Allowed {
-		return res.Grant, nil
+		return res.Grant, decided, nil
 	}
 	if c.onDenied != nil {
 		c.onDenied(ctx, method, res, !c.shadow)
 	}
 	if res.RetryAfter == redlimit.Never {
-		return none, status.Errorf(codes.ResourceExhausted, "request exceeds the rate limit of %d", res.Limit)
+		return none, nil, lim.withPart(status.Newf(codes.ResourceExhausted, "request exceeds the rate limit of %d", res.Limit), res).Err()
 	}
-	return none, withRetry(status.New(codes.ResourceExhausted, "rate limit exceeded"), res.RetryAfter).Err()
+	return none, nil, withRetry(lim.withPart(status.New(codes.ResourceExhausted, "rate limit exceeded"), res), res.RetryAfter).Err()
+}
+
+// withPart adds, for the *All interceptors, a QuotaFailure detail naming
+// the part that denied res.
+func (lim *limiter) withPart(st *status.Status, res redlimit.Result) *status.Status {
+	if lim.parts == nil {
+		return st
+	}
+	detailed, err := st.WithDetails(&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
+		Subject:     lim.parts[res.Part].Name,
+		Description: st.Message(),
+	}}})
+	if err != nil {
+		return st // cannot happen with a QuotaFailure; the code still says it all
+	}
+	return detailed
 }
 
 // withRetry adds a RetryInfo detail to st.
@@ -285,56 +339,68 @@ func (lim *limiter) tell(ctx context.Context, method string, err error) {
 // documentation for the answers. It panics on a nil or typed-nil l or a bad
 // option: programming errors, caught at start-up.
 func UnaryServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.UnaryServerInterceptor {
-	lim := newLimiter(l, opts)
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
-		ctx, f := inFlight(ctx)
-		g, err := lim.check(ctx, info.FullMethod)
-		if err != nil {
-			return nil, err
-		}
-		if g.N() == 0 {
-			return handler(ctx, req)
-		}
-		ch := lim.charge(ctx, info.FullMethod, g)
-		f.innermost = ch
-		returned := false
-		defer func() { lim.settleCall(ctx, info.FullMethod, f, ch, err, returned) }()
-		resp, err = handler(ctx, req)
-		returned = true
-		return resp, err
+	return newLimiter(l, opts).unary
+}
+
+// unary is the unary interceptor.
+func (lim *limiter) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+	ctx, f := inFlight(ctx)
+	g, decided, err := lim.check(ctx, info.FullMethod)
+	if err != nil {
+		return nil, err
 	}
+	if g.N() == 0 {
+		return handler(ctx, req)
+	}
+	ch := lim.charge(ctx, info.FullMethod, g, decided)
+	f.innermost = ch
+	returned := false
+	defer func() { lim.settleCall(ctx, info.FullMethod, f, ch, err, returned) }()
+	resp, err = handler(ctx, req)
+	returned = true
+	return resp, err
 }
 
 // StreamServerInterceptor limits streams with l, once per stream when it
 // opens; see the package documentation. It panics like
 // UnaryServerInterceptor.
 func StreamServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.StreamServerInterceptor {
-	lim := newLimiter(l, opts)
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
-		ctx, f := inFlight(ss.Context())
-		g, err := lim.check(ctx, info.FullMethod)
-		if err != nil {
-			return err
-		}
-		if g.N() == 0 {
-			return handler(srv, contextStream{ss, ctx})
-		}
-		ch := lim.charge(ctx, info.FullMethod, g)
-		f.innermost = ch
-		returned := false
-		defer func() { lim.settleCall(ctx, info.FullMethod, f, ch, err, returned) }()
-		err = handler(srv, contextStream{ss, ctx})
-		returned = true
-		return err
-	}
+	return newLimiter(l, opts).stream
 }
 
-// charge returns the charge of a call granted g: for a limiter whose
-// grants are leases, one that holds them until the call ends.
-func (lim *limiter) charge(ctx context.Context, method string, g redlimit.Grant) *charge {
-	ch := &charge{grant: g}
+// stream is the stream interceptor.
+func (lim *limiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+	ctx, f := inFlight(ss.Context())
+	g, decided, err := lim.check(ctx, info.FullMethod)
+	if err != nil {
+		return err
+	}
+	if g.N() == 0 {
+		return handler(srv, contextStream{ss, ctx})
+	}
+	ch := lim.charge(ctx, info.FullMethod, g, decided)
+	f.innermost = ch
+	returned := false
+	defer func() { lim.settleCall(ctx, info.FullMethod, f, ch, err, returned) }()
+	err = handler(srv, contextStream{ss, ctx})
+	returned = true
+	return err
+}
+
+// charge returns the charge of a call granted g (on the parts decided):
+// for a limiter whose grants are leases, or parts some of whose are, one
+// that holds them until the call ends, renewed with WithKeepAlive.
+func (lim *limiter) charge(ctx context.Context, method string, g redlimit.Grant, decided []int) *charge {
+	ch := &charge{grant: g, inFlight: lim.leases}
+	var extend extendFunc
 	if l, ok := lim.l.(leaser); ok {
-		ch.release = lim.holdLease(ctx, method, l, ch)
+		ch.lease = true
+		extend = l.ExtendGrant
+	} else if lim.leases {
+		extend = lim.extendParts(decided)
+	}
+	if extend != nil && lim.cfg.keepAlive > 0 {
+		ch.stop = lim.keepAlive(ctx, method, extend, ch)
 	}
 	return ch
 }

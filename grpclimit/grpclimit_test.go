@@ -26,12 +26,16 @@ import (
 // interceptors, on 127.0.0.1, and returns a client of it.
 func serve(t *testing.T, l redlimit.Limiter, opts ...Option) healthpb.HealthClient {
 	t.Helper()
+	return serveWith(t, UnaryServerInterceptor(l, opts...), StreamServerInterceptor(l, opts...))
+}
+
+// serveWith starts a gRPC server with the health service behind unary
+// and stream, on 127.0.0.1, and returns a client of it.
+func serveWith(t *testing.T, unary grpc.UnaryServerInterceptor, stream grpc.StreamServerInterceptor) healthpb.HealthClient {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	srv := grpc.NewServer(
-		grpc.UnaryInterceptor(UnaryServerInterceptor(l, opts...)),
-		grpc.StreamInterceptor(StreamServerInterceptor(l, opts...)),
-	)
+	srv := grpc.NewServer(grpc.UnaryInterceptor(unary), grpc.StreamInterceptor(stream))
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	go srv.Serve(ln)
 	t.Cleanup(srv.Stop)

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/leases"
 )
 
 // ErrRefund is matched by the error the OnError callback is told of when
@@ -28,7 +29,7 @@ var ErrRefund = errors.New("grpclimit: refund failed")
 // under the decision deadline (WithTimeout), on a context that keeps the
 // call's values but not its cancellation, so a client that goes away still
 // gets its refund. A refund that fails is told to OnError (ErrRefund).
-// Default: no refund.
+// With the *All interceptors every part is refunded. Default: no refund.
 func WithRefundIf(refund func(code codes.Code) bool) Option {
 	return func(c *config) { c.refundIf = refund }
 }
@@ -37,11 +38,11 @@ func WithRefundIf(refund func(code codes.Code) bool) Option {
 // permits, for a cost known only at the end (an LLM call's tokens): take
 // the most it can cost up front with WithCost, then settle what it did
 // cost. It settles the interceptor nearest the handler that granted the
-// call. Settling is idempotent: the permits given back are the most any
-// Settle (or WithRefundIf's refund) asked for, never a sum. used below 0
-// is an error; used at or above what the call took gives nothing back. An
-// error matches ErrRefund, or redlimit.ErrInvalidArgument when ctx carries
-// no grant.
+// call (an *All interceptor's: every part). Settling is idempotent: the
+// permits given back are the most any Settle (or WithRefundIf's refund)
+// asked for, never a sum. used below 0 is an error; used at or above what
+// the call took gives nothing back. An error matches ErrRefund, or
+// redlimit.ErrInvalidArgument when ctx carries no grant.
 func Settle(ctx context.Context, used int) error {
 	f, _ := ctx.Value(flightKey{}).(*flight)
 	if f == nil || f.innermost == nil {
@@ -76,8 +77,16 @@ type flight struct {
 
 // charge is one interceptor's grant on a call.
 type charge struct {
-	grant   redlimit.Grant
-	release func() // for a lease: ends its keep-alive and releases it
+	grant redlimit.Grant
+	// lease is set when the grant is a lease: all of it ends with the
+	// call.
+	lease bool
+	// inFlight is set when some of its parts' grants are leases (the *All
+	// interceptors'): those end with the call, the others stay counted.
+	inFlight bool
+	// stop ends the renewals of WithKeepAlive; nil without them. Until it
+	// returns, a renewal may change grant.
+	stop func()
 }
 
 // leaser is a limiter whose grants are leases (redlimit.NewConcurrency,
@@ -91,10 +100,11 @@ type leaser interface {
 
 // WithKeepAlive extends a call's lease every interval while its handler
 // runs (a long stream, say), for a limiter whose grants are leases (a
-// redlimit.Concurrency). Default: no renewal, so a call that outlives its
-// lease loses its place; choose a lease longer than the longest call, or
-// an interval well below the lease. A failed renewal is told to OnError.
-// An interval that is not positive panics.
+// redlimit.Concurrency, alone or a part of an *All interceptor). Default:
+// no renewal, so a call that outlives its lease loses its place; choose a
+// lease longer than the longest call, or an interval well below the lease.
+// A failed renewal is told to OnError. An interval that is not positive
+// panics.
 func WithKeepAlive(interval time.Duration) Option {
 	return func(c *config) {
 		c.keepAlive = interval
@@ -104,51 +114,58 @@ func WithKeepAlive(interval time.Duration) Option {
 	}
 }
 
-// holdLease renews ch's lease every keepAlive until the returned stop is
-// called, which then releases it.
-func (lim *limiter) holdLease(ctx context.Context, method string, l leaser, ch *charge) (release func()) {
+// extendFunc renews the leases g holds, as Concurrency.ExtendGrant does:
+// the Result's Grant, when not zero, names them from then on.
+type extendFunc func(ctx context.Context, g redlimit.Grant) (redlimit.Result, error)
+
+// extendParts returns the extendFunc of an *All interceptor's grant of
+// the parts decided (indexes in lim.parts, in AllowAll's order).
+func (lim *limiter) extendParts(decided []int) extendFunc {
+	limiters := make([]redlimit.Limiter, len(decided))
+	for j, i := range decided {
+		limiters[j] = lim.parts[i].Limiter
+	}
+	return func(ctx context.Context, g redlimit.Grant) (redlimit.Result, error) {
+		return leases.ExtendGroup(ctx, g, limiters)
+	}
+}
+
+// keepAlive renews ch's leases with extend every keepAlive interval until
+// the returned stop is called.
+func (lim *limiter) keepAlive(ctx context.Context, method string, extend extendFunc, ch *charge) (stop func()) {
 	var mu sync.Mutex
-	released := false
+	stopped := false
+	every := lim.cfg.keepAlive
+	// Set under the lock the renewal takes first: the timer may fire
+	// before AfterFunc returns.
+	mu.Lock()
+	defer mu.Unlock()
 	var timer *time.Timer
-	if every := lim.cfg.keepAlive; every > 0 {
-		// Set under the lock the renewal takes first: the timer may fire
-		// before AfterFunc returns.
+	timer = time.AfterFunc(every, func() {
 		mu.Lock()
 		defer mu.Unlock()
-		timer = time.AfterFunc(every, func() {
-			mu.Lock()
-			defer mu.Unlock()
-			if released {
-				return
-			}
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lim.cfg.timeout)
-			res, err := l.ExtendGrant(rctx, ch.grant)
-			cancel()
-			switch {
-			case err != nil:
-				lim.tell(ctx, method, fmt.Errorf("grpclimit: keeping the call's lease: %w", err))
-			case !res.Allowed:
-				lim.tell(ctx, method, errors.New("grpclimit: keeping the call's lease: it lapsed and its place was taken"))
-				return
-			case res.Grant.N() > 0:
-				ch.grant = res.Grant
-			}
-			timer.Reset(every)
-		})
-	}
+		if stopped {
+			return
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lim.cfg.timeout)
+		res, err := extend(rctx, ch.grant)
+		cancel()
+		switch {
+		case err != nil:
+			lim.tell(ctx, method, fmt.Errorf("grpclimit: keeping the call's lease: %w", err))
+		case !res.Allowed:
+			lim.tell(ctx, method, errors.New("grpclimit: keeping the call's lease: it lapsed and its place was taken"))
+			return
+		case res.Grant.N() > 0:
+			ch.grant = res.Grant
+		}
+		timer.Reset(every)
+	})
 	return func() {
 		mu.Lock()
-		released = true
-		if timer != nil {
-			timer.Stop()
-		}
-		g := ch.grant
-		mu.Unlock()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lim.cfg.timeout)
-		defer cancel()
-		if err := g.Refund(rctx, g.N()); err != nil {
-			lim.tell(ctx, method, fmt.Errorf("%w: %w", ErrRefund, err))
-		}
+		defer mu.Unlock()
+		stopped = true
+		timer.Stop()
 	}
 }
 
@@ -164,13 +181,13 @@ func inFlight(ctx context.Context) (context.Context, *flight) {
 
 // settleCall gives ch back when an interceptor inside denied the call, or
 // when the handler's outcome should not count (WithRefundIf): its error
-// err, or a panic when it did not return.
+// err, or a panic when it did not return. Else it releases the leases
+// among several parts', and their other permits stay counted.
 func (lim *limiter) settleCall(ctx context.Context, method string, f *flight, ch *charge, err error, returned bool) {
-	if ch.release != nil {
-		ch.release() // what is in flight ends with the call
-		return
+	if ch.stop != nil {
+		ch.stop()
 	}
-	refund := f.denied
+	refund := ch.lease || f.denied // a lease ends with the call
 	if !refund && lim.cfg.refundIf != nil {
 		code := status.Code(err)
 		if !returned {
@@ -178,11 +195,17 @@ func (lim *limiter) settleCall(ctx context.Context, method string, f *flight, ch
 		}
 		refund = lim.cfg.refundIf(code)
 	}
-	if !refund {
+	if !refund && !ch.inFlight {
 		return
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lim.cfg.timeout)
 	defer cancel()
+	if !refund {
+		if rerr := ch.grant.Release(rctx); rerr != nil {
+			lim.tell(ctx, method, fmt.Errorf("%w: releasing the call's leases: %w", ErrRefund, rerr))
+		}
+		return
+	}
 	if rerr := ch.grant.Refund(rctx, ch.grant.N()); rerr != nil {
 		lim.tell(ctx, method, fmt.Errorf("%w: %w", ErrRefund, rerr))
 	}

@@ -71,6 +71,15 @@
 // limit with the fewest permits left. The headers are set before the next
 // handler runs, so it may change or remove them.
 //
+// # Several parts
+//
+// MiddlewareAll decides several limits, each with its own key ("100 a
+// minute per user, 10,000 a day per tenant, 2 in flight per user"), as one
+// redlimit.AllowAll: a request is granted by every part or takes nothing
+// from any, in one round trip. RateLimit-Policy lists every part's
+// policy, RateLimit and Retry-After report the part that denied, and
+// ResultFromContext's Result.Part is its index.
+//
 // # Cost
 //
 // WithCost makes a limiter a budget of anything a request carries; with

@@ -1,6 +1,7 @@
 package httplimit_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -202,4 +203,51 @@ func ExampleWithFailClosed() {
 	// 200
 	// told: no decision: true
 	// 503
+}
+
+// A plan of three limits decided as one: 3 requests a minute per user, 4
+// a minute per tenant, 1 in flight per user. A request is granted by every
+// part or takes nothing from any: the tenant's denial below costs bob
+// nothing, and names the tenant.
+func ExampleMiddlewareAll() {
+	env := newRedis()
+	defer env.Close()
+
+	perUser, err := redlimit.NewFixedWindow(env.Client(), 3, time.Minute, env.Options(redlimit.WithPrefix("user:"))...)
+	if err != nil {
+		panic(err)
+	}
+	perTenant, err := redlimit.NewFixedWindow(env.Client(), 4, time.Minute, env.Options(redlimit.WithPrefix("tenant:"))...)
+	if err != nil {
+		panic(err)
+	}
+	inFlight, err := redlimit.NewConcurrency(env.Client(), 1, time.Minute, env.Options(redlimit.WithPrefix("flight:"))...)
+	if err != nil {
+		panic(err)
+	}
+	mw := httplimit.MiddlewareAll([]httplimit.Part{
+		{Name: "user", Limiter: perUser, Key: httplimit.Header("X-User")},
+		{Name: "tenant", Limiter: perTenant, Key: httplimit.Header("X-Tenant")},
+		{Name: "inflight", Limiter: inFlight, Key: httplimit.Header("X-User")},
+	})
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+
+	for _, user := range []string{"alice", "alice", "alice", "alice", "bob", "bob"} {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set("X-User", user)
+		req.Header.Set("X-Tenant", "acme")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		fmt.Printf("%s %d RateLimit: %s\n", user, rec.Code, rec.Header().Get("RateLimit"))
+	}
+	left, _ := perUser.AllowN(context.Background(), "bob", 0)
+	fmt.Println("bob's permits left:", left.Remaining)
+	// Output:
+	// alice 200 RateLimit: "inflight";r=0;t=60
+	// alice 200 RateLimit: "inflight";r=0;t=60
+	// alice 200 RateLimit: "user";r=0;t=60
+	// alice 429 RateLimit: "user";r=0;t=60
+	// bob 200 RateLimit: "tenant";r=0;t=60
+	// bob 429 RateLimit: "tenant";r=0;t=60
+	// bob's permits left: 2
 }

@@ -281,43 +281,9 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 	if nilcheck.IsNil(l) {
 		panic(fmt.Sprintf("httplimit: Middleware: nil Limiter (%T): check the error of its constructor", l))
 	}
-	c := config{
-		timeout:       defaultTimeout,
-		keyFunc:       ClientIP(),
-		cost:          func(*http.Request) int { return 1 },
-		policyName:    "default",
-		errorHandler:  DefaultErrorHandler,
-		deniedHandler: http.HandlerFunc(DefaultDeniedHandler),
-		now:           time.Now,
-	}
-	for _, opt := range opts {
-		if opt == nil {
-			panic("httplimit: Middleware: nil Option")
-		}
-		opt(&c)
-	}
-	switch {
-	case c.keyFunc == nil:
+	c := newConfig("Middleware", ClientIP(), "default", opts)
+	if c.keyFunc == nil {
 		panic("httplimit: WithKeyFunc(nil)")
-	case c.cost == nil:
-		panic("httplimit: WithCost(nil)")
-	case c.errorHandler == nil:
-		panic("httplimit: WithErrorHandler(nil)")
-	case c.deniedHandler == nil:
-		panic("httplimit: WithDeniedHandler(nil)")
-	case c.windowSeconds < 0:
-		panic("httplimit: WithWindow: negative window")
-	case c.timeout <= 0:
-		panic(fmt.Sprintf("httplimit: WithTimeout(%v): must be positive", c.timeout))
-	case c.plans != nil && c.choose == nil:
-		panic("httplimit: WithPlans: nil choose")
-	case c.keepAlive < 0:
-		panic("httplimit: WithKeepAlive: the interval must be positive")
-	}
-	switch c.quotaUnit {
-	case "", "requests", "content-bytes", "concurrent-requests":
-	default:
-		panic(fmt.Sprintf("httplimit: WithQuotaUnit(%q): must be requests, content-bytes or concurrent-requests", c.quotaUnit))
 	}
 	h := &handler{cfg: &c}
 	if c.choose == nil {
@@ -338,14 +304,59 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 			h.policies = append(h.policies, c.newPolicy(p.Name, p.Limiter, ceilSeconds(p.Window)))
 		}
 	}
-	return func(next http.Handler) http.Handler {
-		if next == nil {
-			panic("httplimit: Middleware: nil next handler")
-		}
-		hh := *h
-		hh.next = next
-		return &hh
+	return h.wrap
+}
+
+// newConfig applies opts to the defaults, with keyFunc and policyName as
+// given, and panics on an invalid option.
+func newConfig(caller string, keyFunc KeyFunc, policyName string, opts []Option) config {
+	c := config{
+		timeout:       defaultTimeout,
+		keyFunc:       keyFunc,
+		cost:          func(*http.Request) int { return 1 },
+		policyName:    policyName,
+		errorHandler:  DefaultErrorHandler,
+		deniedHandler: http.HandlerFunc(DefaultDeniedHandler),
+		now:           time.Now,
 	}
+	for _, opt := range opts {
+		if opt == nil {
+			panic("httplimit: " + caller + ": nil Option")
+		}
+		opt(&c)
+	}
+	switch {
+	case c.cost == nil:
+		panic("httplimit: WithCost(nil)")
+	case c.errorHandler == nil:
+		panic("httplimit: WithErrorHandler(nil)")
+	case c.deniedHandler == nil:
+		panic("httplimit: WithDeniedHandler(nil)")
+	case c.windowSeconds < 0:
+		panic("httplimit: WithWindow: negative window")
+	case c.timeout <= 0:
+		panic(fmt.Sprintf("httplimit: WithTimeout(%v): must be positive", c.timeout))
+	case c.plans != nil && c.choose == nil:
+		panic("httplimit: WithPlans: nil choose")
+	case c.keepAlive < 0:
+		panic("httplimit: WithKeepAlive: the interval must be positive")
+	}
+	switch c.quotaUnit {
+	case "", "requests", "content-bytes", "concurrent-requests":
+	default:
+		panic(fmt.Sprintf("httplimit: WithQuotaUnit(%q): must be requests, content-bytes or concurrent-requests", c.quotaUnit))
+	}
+	return c
+}
+
+// wrap returns a copy of h that calls next.
+func (h *handler) wrap(next http.Handler) http.Handler {
+	if next == nil {
+		panic("httplimit: Middleware: nil next handler")
+	}
+	hh := *h
+	hh.next = next
+	return &hh
 }
 
 // defaultTimeout is WithTimeout's default.
@@ -359,6 +370,11 @@ type policy struct {
 	// windows are the limiter's own w parameters, by limit, when no
 	// window was given and the limiter reports its strategies.
 	windows []limitWindow
+	// limit is the q of its first strategy (0: it reports none), for
+	// MiddlewareAll's parts that a Result does not describe.
+	limit int
+	key   KeyFunc // MiddlewareAll's part's
+	lease bool    // the limiter's grants are leases
 }
 
 // limitWindow is the w parameter of a limit of the limiter.
@@ -375,8 +391,9 @@ func (c *config) newPolicy(name string, l redlimit.Limiter, windowSeconds int64)
 		panic(fmt.Sprintf("httplimit: policy name %q: %v", name, err))
 	}
 	p := policy{limiter: l, quotedName: quoted}
+	_, p.lease = l.(leaser)
 	unit := c.quotaUnit
-	if _, ok := l.(leaser); ok && unit == "" {
+	if p.lease && unit == "" {
 		unit = "concurrent-requests" // what a lease counts
 	}
 	if unit != "" {
@@ -384,16 +401,28 @@ func (c *config) newPolicy(name string, l redlimit.Limiter, windowSeconds int64)
 	}
 	if windowSeconds > 0 {
 		p.params += ";w=" + strconv.FormatInt(windowSeconds, 10)
-		return p
 	}
 	if l, ok := l.(interface{ Strategies() []redlimit.Strategy }); ok {
-		for _, s := range l.Strategies() {
-			if w := ceilSeconds(s.Window); w > 0 {
+		for i, s := range l.Strategies() {
+			if i == 0 {
+				p.limit = s.Limit
+			}
+			if w := ceilSeconds(s.Window); w > 0 && windowSeconds == 0 {
 				p.windows = append(p.windows, limitWindow{s.Limit, ";w=" + strconv.FormatInt(w, 10)})
 			}
 		}
 	}
 	return p
+}
+
+// leaser returns p's limiter when its grants are leases; nothing for a nil
+// p (MiddlewareAll's).
+func (p *policy) leaser() (leaser, bool) {
+	if p == nil || !p.lease {
+		return nil, false
+	}
+	l, ok := p.limiter.(leaser)
+	return l, ok
 }
 
 // windowParam returns the w parameter of a Result of limit limit, when the
@@ -413,12 +442,17 @@ func (p *policy) windowParam(limit int) string {
 
 type handler struct {
 	cfg      *config
-	policies []policy       // one, or one per plan
+	policies []policy       // one, one per plan, or one per part
 	byName   map[string]int // plan name -> index in policies; nil without plans
+	all      bool           // MiddlewareAll's: policies are its parts
 	next     http.Handler
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.all {
+		h.serveAll(w, r)
+		return
+	}
 	c := h.cfg
 	key, err := c.keyFunc(r)
 	if err == nil && key == "" {
@@ -450,6 +484,14 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ctx = shadow.With(ctx)
 	}
 	res, err := p.limiter.AllowN(ctx, key, cost)
+	h.answer(w, r, res, err, p, nil)
+}
+
+// answer answers a request decided with res, or not decided (err): by p,
+// or by MiddlewareAll's parts decided (indexes in h.policies, in the order
+// AllowAll had them; res.Part is one of them).
+func (h *handler) answer(w http.ResponseWriter, r *http.Request, res redlimit.Result, err error, p *policy, decided []int) {
+	c := h.cfg
 	if errors.Is(err, redlimit.ErrInvalidArgument) {
 		// A key the limiter refuses (longer than 1024 bytes, say) is the
 		// client's input: never a reason to fail open.
@@ -477,7 +519,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r = r.WithContext(rctx)
 	if !c.shadow {
-		p.setHeaders(w.Header(), res, c)
+		if p != nil {
+			p.setHeaders(w.Header(), res, c)
+		} else {
+			h.setAllHeaders(w.Header(), res, decided)
+		}
 	}
 	if res.Allowed || c.shadow {
 		if !res.Allowed && c.onDenied != nil {
@@ -488,7 +534,18 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		ch := &charge{grant: res.Grant, timeout: c.timeout}
-		ch.lease, _ = p.limiter.(leaser)
+		if l, ok := p.leaser(); ok {
+			ch.lease = true
+			if c.keepAlive > 0 {
+				ch.extend = l.ExtendGrant
+			}
+		}
+		for _, i := range decided {
+			ch.inFlight = ch.inFlight || h.policies[i].lease
+		}
+		if ch.inFlight && c.keepAlive > 0 {
+			ch.extend = h.extendParts(decided)
+		}
 		f.innermost = ch
 		h.serveCharged(w, r, f, ch)
 		return
@@ -535,7 +592,19 @@ func (h *handler) tell(r *http.Request, err error) {
 // resets last.
 func (p *policy) setHeaders(header http.Header, res redlimit.Result, c *config) {
 	// q follows Result.Limit, which for a SlidingLog is the binding strategy's.
-	appendListMember(header, "RateLimit-Policy", p.quotedName+";q="+strconv.Itoa(res.Limit)+p.params+p.windowParam(res.Limit))
+	appendListMember(header, "RateLimit-Policy", p.policyItem(res.Limit))
+	p.setRateLimit(header, res, c)
+}
+
+// policyItem returns the policy's member of RateLimit-Policy, for a limit
+// of q.
+func (p *policy) policyItem(q int) string {
+	return p.quotedName + ";q=" + strconv.Itoa(q) + p.params + p.windowParam(q)
+}
+
+// setRateLimit adds res to the RateLimit list, and sets the legacy headers
+// to it when they are on and it binds longer than what they hold.
+func (p *policy) setRateLimit(header http.Header, res redlimit.Result, c *config) {
 	appendListMember(header, "RateLimit", p.quotedName+";r="+strconv.Itoa(res.Remaining)+";t="+strconv.FormatInt(ceilSeconds(res.ResetAfter), 10))
 	if !c.legacyHeaders {
 		return

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/leases"
 )
 
 // leaser is a limiter whose grants are leases (redlimit.NewConcurrency,
@@ -20,8 +21,9 @@ type leaser interface {
 
 // WithKeepAlive extends a request's lease every interval while its
 // handler runs, for a limiter whose grants are leases (a
-// redlimit.Concurrency): a request longer than the lease period then keeps
-// its place, and one whose process dies loses it within a lease period.
+// redlimit.Concurrency, alone or a MiddlewareAll part): a request longer
+// than the lease period then keeps its place, and one whose process dies
+// loses it within a lease period.
 // Default: no renewal, so a request that outlives its lease loses its
 // place to the next one; choose a lease longer than the longest request,
 // or an interval well below the lease (a third of it, say). A failed
@@ -36,7 +38,23 @@ func WithKeepAlive(interval time.Duration) Option {
 	}
 }
 
-// holding is a request's lease, renewed by keepAlive until release.
+// extendFunc renews the leases g holds, as Concurrency.ExtendGrant does:
+// the Result's Grant, when not zero, names them from then on.
+type extendFunc func(ctx context.Context, g redlimit.Grant) (redlimit.Result, error)
+
+// extendParts returns the extendFunc of a MiddlewareAll grant of the parts
+// decided (indexes in h.policies, in AllowAll's order).
+func (h *handler) extendParts(decided []int) extendFunc {
+	limiters := make([]redlimit.Limiter, len(decided))
+	for j, i := range decided {
+		limiters[j] = h.policies[i].limiter
+	}
+	return func(ctx context.Context, g redlimit.Grant) (redlimit.Result, error) {
+		return leases.ExtendGroup(ctx, g, limiters)
+	}
+}
+
+// holding is a request's grant whose leases keepAlive renews until stop.
 type holding struct {
 	mu       sync.Mutex
 	grant    redlimit.Grant
@@ -44,10 +62,10 @@ type holding struct {
 	released bool
 }
 
-// hold starts renewing ch's lease every interval (none when interval is 0)
-// and returns what release ends.
-func (h *handler) hold(r *http.Request, l leaser, ch *charge) *holding {
-	hd := &holding{grant: ch.grant}
+// hold starts renewing the leases of g with extend every keepAlive
+// interval, until stop.
+func (h *handler) hold(r *http.Request, extend extendFunc, g redlimit.Grant) *holding {
+	hd := &holding{grant: g}
 	if every := h.cfg.keepAlive; every > 0 {
 		renew := func() {
 			hd.mu.Lock()
@@ -56,7 +74,7 @@ func (h *handler) hold(r *http.Request, l leaser, ch *charge) *holding {
 				return
 			}
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.cfg.timeout)
-			res, err := l.ExtendGrant(ctx, hd.grant)
+			res, err := extend(ctx, hd.grant)
 			cancel()
 			switch {
 			case err != nil:
@@ -78,14 +96,13 @@ func (h *handler) hold(r *http.Request, l leaser, ch *charge) *holding {
 	return hd
 }
 
-// release ends the holding and releases its lease.
-func (hd *holding) release(h *handler, r *http.Request) {
+// stop ends the renewals and returns the grant as last renewed.
+func (hd *holding) stop() redlimit.Grant {
 	hd.mu.Lock()
+	defer hd.mu.Unlock()
 	hd.released = true
 	if hd.timer != nil {
 		hd.timer.Stop()
 	}
-	g := hd.grant
-	hd.mu.Unlock()
-	h.refund(r, g, g.N())
+	return hd.grant
 }

@@ -26,8 +26,8 @@ var ErrRefund = errors.New("httplimit: refund failed")
 // after the handler returns, under the decision deadline (WithTimeout), on
 // a context that keeps the request's values but not its cancellation, so
 // a client that hangs up still gets its refund. A refund that fails is
-// told to OnError (ErrRefund) and leaves the permits used. Default: no
-// refund.
+// told to OnError (ErrRefund) and leaves the permits used. With
+// MiddlewareAll every part is refunded. Default: no refund.
 func WithRefundIf(refund func(r *http.Request, status int) bool) Option {
 	return func(c *config) { c.refundIf = refund }
 }
@@ -36,10 +36,11 @@ func WithRefundIf(refund func(r *http.Request, status int) bool) Option {
 // used permits, for a cost known only at the end (an LLM call's tokens, a
 // response's bytes): take the most it can cost up front with WithCost,
 // then settle what it did cost. It settles the middleware nearest the
-// handler that granted the request. Settling is idempotent: the permits
-// given back are the most any Settle (or WithRefundIf's refund) asked for,
-// never a sum, so settling twice, or settling and then refunding on a 5xx,
-// never gives back more than the request took. used below 0 is an error;
+// handler that granted the request (MiddlewareAll's: every part).
+// Settling is idempotent: the permits given back are the most any Settle
+// (or WithRefundIf's refund) asked for, never a sum, so settling twice, or
+// settling and then refunding on a 5xx, never gives back more than the
+// request took. used below 0 is an error;
 // used at or above what the request took gives nothing back. An error
 // matches ErrRefund, or redlimit.ErrInvalidArgument when ctx carries no
 // grant (no middleware granted this request, or its cost was 0).
@@ -82,13 +83,24 @@ type flight struct {
 type charge struct {
 	grant   redlimit.Grant
 	timeout time.Duration // the middleware's decision deadline
-	lease   leaser        // the limiter, when its grants are leases
+	// extend renews the grant's leases (WithKeepAlive); nil when it holds
+	// none or none is to be renewed.
+	extend extendFunc
+	// lease is set when the grant is a lease: all of it ends with the
+	// request.
+	lease bool
+	// inFlight is set when some of its parts' grants are leases
+	// (MiddlewareAll's): those end with the request, the others stay
+	// counted.
+	inFlight bool
 }
 
 // serveCharged calls the next handler for a request granted with ch, and
 // gives ch back when a middleware inside denied the request, or when the
 // response says it should not count (WithRefundIf), or, for a lease, when
-// the handler ends. A panic counts as a 500, and goes on after the refund.
+// the handler ends; the leases among several parts' (MiddlewareAll) are
+// released then, and the other parts' permits stay counted. A panic counts
+// as a 500, and goes on after the refund.
 func (h *handler) serveCharged(w http.ResponseWriter, r *http.Request, f *flight, ch *charge) {
 	refundIf := h.cfg.refundIf
 	var rec *statusWriter
@@ -97,27 +109,22 @@ func (h *handler) serveCharged(w http.ResponseWriter, r *http.Request, f *flight
 		w = rec
 	}
 	var hd *holding
-	if ch.lease != nil {
-		hd = h.hold(r, ch.lease, ch)
+	if ch.extend != nil {
+		hd = h.hold(r, ch.extend, ch.grant)
 	}
 	returned := false
 	defer func() {
+		g := ch.grant
+		if hd != nil {
+			g = hd.stop()
+		}
 		switch {
-		case hd != nil:
-			hd.release(h, r) // what is in flight ends with the request
-		case f.denied:
-			h.refund(r, ch.grant, ch.grant.N())
-		case refundIf != nil:
-			status := rec.status
-			if status == 0 {
-				status = http.StatusOK // net/http's answer to a handler that wrote nothing
-			}
-			if !returned {
-				status = http.StatusInternalServerError
-			}
-			if refundIf(r, status) {
-				h.refund(r, ch.grant, ch.grant.N())
-			}
+		case ch.lease || f.denied:
+			h.refund(r, g, g.N()) // a lease ends with the request
+		case refundIf != nil && refundIf(r, rec.answered(returned)):
+			h.refund(r, g, g.N())
+		case ch.inFlight:
+			h.release(r, g)
 		}
 	}()
 	h.next.ServeHTTP(w, r)
@@ -132,6 +139,28 @@ func (h *handler) refund(r *http.Request, g redlimit.Grant, n int) {
 	if err := g.Refund(ctx, n); err != nil {
 		h.tell(r, fmt.Errorf("%w: %w", ErrRefund, err))
 	}
+}
+
+// release ends the leases g holds and keeps its other permits counted,
+// under the decision deadline, telling OnError of a failure.
+func (h *handler) release(r *http.Request, g redlimit.Grant) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.cfg.timeout)
+	defer cancel()
+	if err := g.Release(ctx); err != nil {
+		h.tell(r, fmt.Errorf("%w: releasing the request's leases: %w", ErrRefund, err))
+	}
+}
+
+// answered returns the status the handler answered with: 200 when it wrote
+// nothing (net/http's answer), 500 when it did not return (a panic).
+func (w *statusWriter) answered(returned bool) int {
+	switch {
+	case !returned:
+		return http.StatusInternalServerError
+	case w.status == 0:
+		return http.StatusOK
+	}
+	return w.status
 }
 
 // statusWriter records the status a handler answers with, for

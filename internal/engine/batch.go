@@ -138,10 +138,20 @@ func RefundEach(ctx context.Context, grants []Grant, ns []int) error {
 }
 
 // NewGroupGrant returns the grant of n permits from each of grants, which
-// one decision took together (AllowAll): refunding it refunds each, as
-// one batch.
+// one decision took together (AllowAll), one per part in the parts' order:
+// refunding it refunds each, as one batch.
 func NewGroupGrant(grants []Grant, n int) Grant {
 	return Grant{src: &grantGroup{grants: grants}, n: n}
+}
+
+// GroupGrants returns a copy of the grants of a group grant, one per part
+// in the parts' order, for the middlewares to renew a part's leases; nil
+// for any other grant.
+func GroupGrants(g Grant) []Grant {
+	if group, ok := g.src.(*grantGroup); ok {
+		return append([]Grant(nil), group.grants...)
+	}
+	return nil
 }
 
 // grantGroup is the Refunder of a group grant.
