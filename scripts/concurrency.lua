@@ -229,10 +229,11 @@ local function extend(first, n)
   if n > limit then return deny(0) end
   -- The others must lapse: the grant's own, interleaved, lapse too.
   if others + n > limit then return deny(others + n - limit + mine) end
-  local w = write_time()
+  -- The grant's lapsed leases go with it: the trim that follows counts
+  -- the lapsed leases left, and never reaches a live one.
   each_chunk('ZREM', found, 1)
-  live = others
-  return grant(take(w, n))
+  lapsed, live = lapsed - (#found - mine), others
+  return grant(take(write_time(), n))
 end
 
 -- Decide: a release, an extend, or a request for n leases.
