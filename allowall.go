@@ -49,10 +49,14 @@ func AllowAll(ctx context.Context, n int, parts ...Part) (Result, error) {
 	if err := checkParts(ctx, n, parts); err != nil {
 		return Result{}, err
 	}
-	// One allocation for the parts' decisions and one for the grants;
-	// the batch is threaded through the parts.
-	slots := make([]allowAllSlot, len(parts))
-	group := engine.NewGrantGroup(len(parts))
+	call := &allowAllCall{}
+	slots := call.inline[:0]
+	if len(parts) > len(call.inline) {
+		slots = make([]allowAllSlot, 0, len(parts))
+	}
+	slots = slots[:len(parts)]
+	group := &call.group
+	group.Init(len(parts))
 	undo := func() error { return group.Refund(context.WithoutCancel(ctx), n) }
 	var batch engine.Batch
 	for i, p := range parts {
@@ -140,6 +144,14 @@ func AllowAll(ctx context.Context, n int, parts ...Part) (Result, error) {
 		res.Grant = group.Grant(n)
 	}
 	return res, nil
+}
+
+// allowAllCall is what an AllowAll call allocates, at once for up to four
+// parts: their slots, the batch threaded through them, and the group of
+// their grants, which the Result's Grant keeps (and with it the slots).
+type allowAllCall struct {
+	group  engine.GrantGroup
+	inline [4]allowAllSlot
 }
 
 // allowAllSlot is one part of an AllowAll call: its decision, sent in the

@@ -156,15 +156,14 @@ type GrantGroup struct {
 	inline [4]Grant // grants' storage, for as many parts as most calls have
 }
 
-// NewGrantGroup returns an empty group with room for parts grants, in one
-// allocation when they are few.
-func NewGrantGroup(parts int) *GrantGroup {
-	g := &GrantGroup{}
+// Init empties g and makes room for parts grants: in g itself when they
+// are few.
+func (g *GrantGroup) Init(parts int) {
+	*g = GrantGroup{}
 	g.grants = g.inline[:0]
 	if parts > len(g.inline) {
 		g.grants = make([]Grant, 0, parts)
 	}
-	return g
 }
 
 // Add adds gr to g.
@@ -387,18 +386,29 @@ type pipe struct {
 	cmds []redis.Cmder
 }
 
+// keptPipes is how many Pipeliners a limiter keeps for its batches: as
+// many as batches usually run at once through it. A free list, not a
+// sync.Pool, whose every garbage collection would cost the next batches
+// their four allocations again.
+const keptPipes = 16
+
 // pipe returns a Pipeliner of t's client, one kept from an earlier batch
 // when there is one.
 func (t *roundTrip) pipe(client pipeliner) *pipe {
-	if p, ok := t.pipes.Get().(*pipe); ok {
+	select {
+	case p := <-t.pipes:
 		return p
+	default:
+		return &pipe{Pipeliner: client.Pipeline()}
 	}
-	return &pipe{Pipeliner: client.Pipeline()}
 }
 
-// putPipe keeps p, which has run, for t's next batch.
+// putPipe keeps p, which has run, for t's next batch, if there is room.
 func (t *roundTrip) putPipe(p *pipe) {
 	clear(p.cmds)
 	p.cmds = p.cmds[:0]
-	t.pipes.Put(p)
+	select {
+	case t.pipes <- p:
+	default:
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,7 +30,7 @@ type roundTrip struct {
 	minDeadline time.Duration // the breaker's MinDeadline, else DefaultMinDeadline
 	detachSlots chan struct{} // one per call with a short deadline running on: see guardedRun
 	// pipes keeps rdb's Pipeliners between AllowAll batches (batch.go).
-	pipes *sync.Pool
+	pipes chan *pipe
 }
 
 // newRoundTrip returns the round trip of cfg's script on rdb.
@@ -44,7 +43,7 @@ func newRoundTrip(rdb redis.Scripter, cfg Config) roundTrip {
 		breaker:     cfg.Breaker,
 		minDeadline: DefaultMinDeadline,
 		detachSlots: make(chan struct{}, maxDetachedCalls),
-		pipes:       new(sync.Pool),
+		pipes:       make(chan *pipe, keptPipes),
 	}
 	if t.breaker != nil {
 		t.minDeadline = t.breaker.cfg.MinDeadline
