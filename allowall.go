@@ -49,41 +49,47 @@ func AllowAll(ctx context.Context, n int, parts ...Part) (Result, error) {
 	if err := checkParts(ctx, n, parts); err != nil {
 		return Result{}, err
 	}
-	results := make([]Result, len(parts))
-	pending := make([]*engine.Pending, len(parts))
-	sent := make([]*engine.Pending, 0, len(parts))
-	var grants []Grant
-	undo := func() error { return engine.RefundAll(context.WithoutCancel(ctx), grants, n) }
+	call := &allowAllCall{}
+	slots := call.inline[:0]
+	if len(parts) > len(call.inline) {
+		slots = make([]allowAllSlot, 0, len(parts))
+	}
+	slots = slots[:len(parts)]
+	group := &call.group
+	group.Init(len(parts))
+	undo := func() error { return group.Refund(context.WithoutCancel(ctx), n) }
+	var batch engine.Batch
 	for i, p := range parts {
 		rl, ok := p.Limiter.(redisLimiter)
 		if !ok {
 			continue
 		}
+		s := &slots[i]
 		l := rl.redisCore()
 		if l.reserve != nil {
 			if res, ok := l.reserve.takeLocal(ctx, p.Key, n); ok {
 				res.Part = i
-				results[i] = res // Allowed: answered from a reservation
-				grants = append(grants, res.Grant)
+				s.result = res // Allowed: answered from a reservation
+				group.Add(res.Grant)
 				continue
 			}
 		}
-		pe := l.engine.Begin(ctx, p.Key, n)
-		if pe.Done() {
-			if pe.Err != nil {
-				return Result{}, undone(fmt.Errorf("redlimit: AllowAll: part %d: %w", i, pe.Err), undo())
+		l.engine.Begin(ctx, p.Key, n, &s.pending)
+		if s.pending.Done() {
+			if err := s.pending.Err; err != nil {
+				return Result{}, undone(fmt.Errorf("redlimit: AllowAll: part %d: %w", i, err), undo())
 			}
 			// A cached denial: nothing was taken but from reservations,
 			// which take their permits back without a round trip.
-			res := l.result(pe.Reply, p.Key, n)
+			res := l.result(s.pending.Reply, p.Key, n)
 			res.Part = i
 			return res, undone(nil, undo())
 		}
-		pending[i] = pe
-		sent = append(sent, pe)
+		s.sent = true
+		batch.Add(&s.pending)
 	}
 	for i, p := range parts {
-		if pending[i] != nil || results[i].Allowed {
+		if slots[i].sent || slots[i].result.Allowed {
 			continue
 		}
 		res, err := p.Limiter.AllowN(ctx, p.Key, n)
@@ -94,28 +100,29 @@ func AllowAll(ctx context.Context, n int, parts ...Part) (Result, error) {
 		if !res.Allowed {
 			return res, undone(nil, undo())
 		}
-		results[i] = res
-		grants = append(grants, res.Grant)
+		slots[i].result = res
+		group.Add(res.Grant)
 	}
-	engine.SendAll(ctx, sent)
+	batch.Send(ctx)
 	var failed error
 	denied := -1
-	for i, pe := range pending {
-		if pe == nil {
+	for i := range slots {
+		s := &slots[i]
+		if !s.sent {
 			continue
 		}
-		if pe.Err != nil {
+		if s.pending.Err != nil {
 			if failed == nil {
-				failed = fmt.Errorf("redlimit: AllowAll: part %d: %w", i, pe.Err)
+				failed = fmt.Errorf("redlimit: AllowAll: part %d: %w", i, s.pending.Err)
 			}
 			continue
 		}
-		res := parts[i].Limiter.(redisLimiter).redisCore().result(pe.Reply, parts[i].Key, n)
+		res := parts[i].Limiter.(redisLimiter).redisCore().result(s.pending.Reply, parts[i].Key, n)
 		res.Part = i
-		results[i] = res
+		s.result = res
 		if res.Allowed {
-			grants = append(grants, res.Grant)
-		} else if denied < 0 || res.RetryAfter > results[denied].RetryAfter {
+			group.Add(res.Grant)
+		} else if denied < 0 || res.RetryAfter > slots[denied].result.RetryAfter {
 			denied = i
 		}
 	}
@@ -123,25 +130,42 @@ func AllowAll(ctx context.Context, n int, parts ...Part) (Result, error) {
 		return Result{}, undone(failed, undo())
 	}
 	if denied >= 0 {
-		return results[denied], undone(nil, undo())
+		return slots[denied].result, undone(nil, undo())
 	}
 	fewest := 0
-	for i, res := range results {
-		if res.Remaining < results[fewest].Remaining {
+	for i := range slots {
+		if slots[i].result.Remaining < slots[fewest].result.Remaining {
 			fewest = i
 		}
 	}
-	res := results[fewest]
+	res := slots[fewest].result
 	res.Grant = Grant{}
 	if n > 0 {
-		// Every part granted: the same grants, in the parts' order.
-		grants = grants[:0]
-		for _, r := range results {
-			grants = append(grants, r.Grant)
+		// Every part granted: the same grants, in the parts' order (the
+		// middlewares renew a part's leases by its index).
+		group.Init(len(parts))
+		for i := range slots {
+			group.Add(slots[i].result.Grant)
 		}
-		res.Grant = engine.NewGroupGrant(grants, n)
+		res.Grant = group.Grant(n)
 	}
 	return res, nil
+}
+
+// allowAllCall is what an AllowAll call allocates, at once for up to four
+// parts: their slots, the batch threaded through them, and the group of
+// their grants, which the Result's Grant keeps (and with it the slots).
+type allowAllCall struct {
+	group  engine.GrantGroup
+	inline [4]allowAllSlot
+}
+
+// allowAllSlot is one part of an AllowAll call: its decision, sent in the
+// batch when the part is a Redis limiter's, and its Result.
+type allowAllSlot struct {
+	pending engine.Pending
+	sent    bool
+	result  Result
 }
 
 // redisLimiter is implemented by every limiter of this package (through

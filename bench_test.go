@@ -133,3 +133,46 @@ func BenchmarkCeilingPing(b *testing.B) {
 		return rdb.Ping(ctx).Err()
 	})
 }
+
+// BenchmarkAllowAll3Parts is the bench program's "AllowAll 3 parts" row:
+// a fixed window and a token bucket on the user's key and a sliding window
+// on the tenant's (ten users a tenant), all granted, in one round trip.
+func BenchmarkAllowAll3Parts(b *testing.B) {
+	rdb := benchClient(b)
+	var parts [3]Limiter
+	for i, name := range []string{"fixed_window", "sliding_window", "token_bucket"} {
+		for _, alg := range algorithms {
+			if alg.name == name {
+				l, err := alg.new(rdb, 1_000_000, time.Minute, WithPrefix("bench:allowall:"+name+":"))
+				if err != nil {
+					b.Fatal(err)
+				}
+				parts[i] = l
+			}
+		}
+	}
+	benchDecisions(b, benchKeys, func(ctx context.Context, key string) error {
+		_, err := AllowAll(ctx, 1,
+			Part{Limiter: parts[0], Key: key},
+			Part{Limiter: parts[1], Key: key[:len(key)-1]},
+			Part{Limiter: parts[2], Key: key})
+		return err
+	})
+}
+
+// BenchmarkConcurrencyAcquire takes a lease of a second on one of 100 keys
+// and leaves it to lapse: the bench program's "concurrency Acquire, leases
+// lapse" row.
+func BenchmarkConcurrencyAcquire(b *testing.B) {
+	c, err := NewConcurrency(benchClient(b), MaxConcurrencyLimit, time.Second, WithPrefix("bench:cc:"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchDecisions(b, benchKeys[:100], func(ctx context.Context, key string) error {
+		_, err := c.Acquire(ctx, key)
+		if errors.Is(err, ErrAcquireFailed) {
+			return nil
+		}
+		return err
+	})
+}

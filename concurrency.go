@@ -112,7 +112,8 @@ func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
 	if err := l.built(); err != nil {
 		return nil, err
 	}
-	r, err := l.engine.Decide(ctx, key, 1)
+	lease := &Lease{c: c}
+	r, err := l.engine.DecideIn(ctx, key, 1, lease.argv[:0])
 	if err != nil {
 		return nil, err
 	}
@@ -126,7 +127,8 @@ func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
 	if res.Grant.N() == 0 {
 		return nil, engine.Errorf(ErrInvalidConfig, "redlimit: concurrency: the fallback granted a lease without a Grant to release it by")
 	}
-	return &Lease{c: c, grant: res.Grant}, nil
+	lease.grant = res.Grant
+	return lease, nil
 }
 
 // ExtendGrant gives the leases g took another lease period from now, in
@@ -180,6 +182,10 @@ type Lease struct {
 	mu       sync.Mutex // held across a round trip: Release waits for an Extend
 	grant    Grant
 	released bool
+	// argv holds Acquire's command arguments (EVALSHA, its SHA, 1, the
+	// key, now, n, limit, lease): room in the lease's allocation spares
+	// Acquire one of its own.
+	argv [8]any
 }
 
 // Release gives the lease's place back, in one round trip, and drops the

@@ -295,6 +295,34 @@ func TestLeaseReleaseAndExtend(t *testing.T) {
 	})
 }
 
+// TestConcurrencyExtendAfterLapseKeepsOthers: extending a grant whose
+// leases lapsed, on a key whose lapsed leases were not all trimmed yet,
+// takes the grant afresh and trims lapsed leases, never another holder's
+// live one.
+func TestConcurrencyExtendAfterLapseKeepsOthers(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		clock := newClock()
+		c, err := NewConcurrency(b.rdb, 30, time.Second, WithClock(clock.Now))
+		require.NoError(t, err)
+		many, err := c.AllowN(ctx, "k", 20)
+		require.NoError(t, err)
+		require.True(t, many.Allowed)
+		lapsing, err := c.AllowN(ctx, "k", 10)
+		require.NoError(t, err)
+		require.True(t, lapsing.Allowed)
+		clock.Advance(2 * time.Second) // all 30 lapse; a grant trims 9 of them
+		_, err = c.Acquire(ctx, "k")
+		require.NoError(t, err)
+
+		res, err := c.ExtendGrant(ctx, lapsing.Grant)
+		require.NoError(t, err)
+		require.True(t, res.Allowed, "the lapsed grant is taken afresh")
+		require.Equal(t, 19, res.Remaining, "the lease acquired and the grant's 10 are live")
+		require.Equal(t, 19, remaining(t, c, "k"), "the key still holds the lease acquired and the grant's 10")
+	})
+}
+
 // TestConcurrencyBadConfig: bad limits and leases are ErrInvalidConfig
 // naming the field, and so is a fallback that cannot extend leases.
 func TestConcurrencyBadConfig(t *testing.T) {

@@ -95,12 +95,15 @@ local function expiry_at(i)
   return effective(m[2] + 0)
 end
 
--- report returns "remaining retry reset" for count live leases.
-local function report(count, retry)
+-- report returns "remaining retry reset" for count live leases, the
+-- latest of which lapses at latest (nil: it is read).
+local function report(count, retry, latest)
   local reset = 0
   if count > 0 then
-    local m = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    reset = effective(m[2] + 0) - now
+    if not latest then
+      latest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2] + 0
+    end
+    reset = effective(latest) - now
   end
   return string.format('%d %d %d', math.max(0, limit - count), retry, reset)
 end
@@ -153,42 +156,45 @@ local function write_time()
   return now
 end
 
--- trim drops up to most lapsed leases, the earliest first.
-local function trim(most)
+-- commit writes a grant or an extend: it trims up to most lapsed leases,
+-- the earliest first, writes the (score, member) pairs of leases and the
+-- meta recording w and the last id, and keeps the key until its latest
+-- lease lapses, whose expiry it returns. The old meta ranks first, just
+-- before the lapsed leases, so one ZREMRANGEBYRANK drops it with them and
+-- one ZADD writes the leases with the new meta: a grant sends 3 commands
+-- fewer than trimming, replacing the meta and reporting the latest
+-- expiry each on its own.
+local function commit(w, leases, most)
   local j = math.min(lapsed, most)
-  if j > 0 then redis.call('ZREMRANGEBYRANK', key, 1, j) end
+  if meta then redis.call('ZREMRANGEBYRANK', key, 0, j) end
   lapsed = lapsed - j
-end
-
--- commit records w and the last id, and keeps the key until its latest
--- lease lapses.
-local function commit(w)
-  if meta then redis.call('ZREM', key, meta) end
   meta = string.format('#%d:%d', w, last_id)
-  redis.call('ZADD', key, 0, meta)
-  local m = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  redis.call('PEXPIRE', key, math.ceil((m[2] - now) / 1000))
+  leases[#leases + 1] = 0
+  leases[#leases + 1] = meta
+  each_chunk('ZADD', leases, 2)
+  local latest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2] + 0
+  redis.call('PEXPIRE', key, math.ceil((latest - now) / 1000))
+  return latest
 end
 
--- take adds n leases lapsing a lease after w and returns their token.
+-- take adds n leases lapsing a lease after w and returns their token and
+-- the latest expiry.
 local function take(w, n)
-  trim(n + TRIM)
   local first = math.max(last_id + 1, w)
   local added = {}
   for id = first, first + n - 1 do
     added[#added + 1] = w + lease
     added[#added + 1] = string.format('%d', id)
   end
-  each_chunk('ZADD', added, 2)
   last_id = first + n - 1
   live = live + n
-  commit(w)
-  return string.format('%d.%d', first, n)
+  return string.format('%d.%d', first, n), commit(w, added, n + TRIM)
 end
 
--- grant replies an allowed call with its token.
-local function grant(token)
-  return string.format('1 %s 0 -1 %s', report(live, 0), token)
+-- grant replies an allowed call with its token; latest is the latest
+-- expiry, as commit returned it.
+local function grant(token, latest)
+  return string.format('1 %s 0 -1 %s', report(live, 0, latest), token)
 end
 
 -- Release: the first k leases of a grant; those live free their places.
@@ -218,18 +224,16 @@ local function extend(first, n)
       moved[#moved + 1] = math.max(effective(expiries[i]), w + lease)
       moved[#moved + 1] = member
     end
-    each_chunk('ZADD', moved, 2)
-    trim(TRIM)
-    commit(w)
-    return grant(string.format('%d.%d', first, n))
+    return grant(string.format('%d.%d', first, n), commit(w, moved, TRIM))
   end
   if n > limit then return deny(0) end
   -- The others must lapse: the grant's own, interleaved, lapse too.
   if others + n > limit then return deny(others + n - limit + mine) end
-  local w = write_time()
+  -- The grant's lapsed leases go with it: the trim that follows counts
+  -- the lapsed leases left, and never reaches a live one.
   each_chunk('ZREM', found, 1)
-  live = others
-  return grant(take(w, n))
+  lapsed, live = lapsed - (#found - mine), others
+  return grant(take(write_time(), n))
 end
 
 -- Decide: a release, an extend, or a request for n leases.

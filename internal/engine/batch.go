@@ -16,34 +16,38 @@ import (
 // breaker is not closed, its deadline is short, its client cannot
 // pipeline) takes its own round trip, guardedRun's, at the same time.
 
-// Pending is one decision of a batch: Begin, then SendAll.
+// Pending is one decision of a batch: Begin, then Batch.Add and
+// Batch.Send. The caller holds it (AllowAll keeps one per part in one
+// allocation), with room for its command's arguments.
 type Pending struct {
 	c     call
 	start time.Time
 	done  bool
 	// Reply, Local and Err are the outcome, as Decide's: set by Begin when
 	// the call is answered without a round trip (Local: the deny cache;
-	// Err: bad input), else by SendAll.
+	// Err: bad input), else by Batch.Send.
 	Reply Reply
 	Local bool
 	Err   error
+	trip  trip
+	next  *Pending // the batch's next decision
+	argv  [16]any  // the command's arguments (see request.argv)
 }
 
 // Done reports whether p was answered without a round trip (Begin).
 func (p *Pending) Done() bool { return p.done }
 
-// Begin starts a decision of n permits for key that SendAll will send:
-// it checks the arguments and asks the deny cache, which may answer it
-// at once (Done).
-func (e *Engine) Begin(ctx context.Context, key string, n int) *Pending {
-	p := &Pending{start: time.Now()}
+// Begin starts a decision of n permits for key, in p, that a Batch will
+// send: it checks the arguments and asks the deny cache, which may answer
+// it at once (Done).
+func (e *Engine) Begin(ctx context.Context, key string, n int, p *Pending) {
+	*p = Pending{start: time.Now()}
 	c, r, local, err := e.begin(ctx, key, n)
 	p.c = c
 	if err != nil || local {
 		p.done, p.Reply, p.Local, p.Err = true, r, local, err
 		e.tell(ctx, key, n, p)
 	}
-	return p
 }
 
 // tell tells the observer of p's outcome.
@@ -53,27 +57,34 @@ func (e *Engine) tell(ctx context.Context, key string, n int, p *Pending) {
 	}
 }
 
-// SendAll sends the decisions of ps that Begin did not answer, as one
-// batch, and finishes each as Decide would (deny cache, fallback,
-// observer).
-func SendAll(ctx context.Context, ps []*Pending) {
-	all := make([]trip, 0, len(ps))
-	trips := make([]*trip, 0, len(ps))
-	for _, p := range ps {
-		if !p.done {
-			all = append(all, trip{t: &p.c.e.roundTrip, req: p.c.request()})
-			trips = append(trips, &all[len(all)-1])
-		}
+// A Batch is the decisions Begin did not answer, in the order added: a
+// list threaded through them, so that collecting them allocates nothing.
+type Batch struct{ first, last *Pending }
+
+// Add adds p, which Begin did not answer, to b.
+func (b *Batch) Add(p *Pending) {
+	p.next = nil
+	if b.last == nil {
+		b.first = p
+	} else {
+		b.last.next = p
 	}
-	runBatch(ctx, trips)
-	i := 0
-	for _, p := range ps {
-		if p.done {
-			continue
-		}
-		tr := trips[i]
-		i++
-		p.Reply, p.Err = p.c.finish(ctx, tr.text, tr.err)
+	b.last = p
+}
+
+// Send sends b's decisions as one batch, and finishes each as Decide
+// would (deny cache, fallback, observer).
+func (b *Batch) Send(ctx context.Context) {
+	var trips tripList
+	for p := b.first; p != nil; p = p.next {
+		req := p.c.request()
+		req.argv = p.argv[:0]
+		p.trip = trip{t: &p.c.e.roundTrip, req: req}
+		trips.add(&p.trip)
+	}
+	runBatch(ctx, trips.first)
+	for p := b.first; p != nil; p = p.next {
+		p.Reply, p.Err = p.c.finish(ctx, p.trip.text, p.trip.err)
 		p.done = true
 		p.c.e.tell(ctx, p.c.key, p.c.n, p)
 	}
@@ -100,10 +111,9 @@ func RefundEach(ctx context.Context, grants []Grant, ns []int) error {
 		e    *Engine
 		key  string
 		n    int
-		trip *trip
+		trip trip
 	}
-	var refunds []refund
-	var trips []*trip
+	refunds := make([]refund, 0, len(grants))
 	start := time.Now()
 	for i, g := range grants {
 		n := ns[i]
@@ -123,11 +133,13 @@ func RefundEach(ctx context.Context, grants []Grant, ns []int) error {
 			continue
 		}
 		e.forget(g.key)
-		tr := &trip{t: &e.roundTrip, req: req}
-		refunds = append(refunds, refund{e, g.key, n, tr})
-		trips = append(trips, tr)
+		refunds = append(refunds, refund{e, g.key, n, trip{t: &e.roundTrip, req: req}})
 	}
-	runBatch(ctx, trips)
+	var trips tripList
+	for i := range refunds {
+		trips.add(&refunds[i].trip)
+	}
+	runBatch(ctx, trips.first)
 	for _, r := range refunds {
 		r.e.forget(r.key)
 		if _, _, err := r.e.refunded(ctx, r.key, r.n, start, r.trip.text, r.trip.err); err != nil {
@@ -137,34 +149,58 @@ func RefundEach(ctx context.Context, grants []Grant, ns []int) error {
 	return errors.Join(errs...)
 }
 
-// NewGroupGrant returns the grant of n permits from each of grants, which
-// one decision took together (AllowAll), one per part in the parts' order:
-// refunding it refunds each, as one batch.
+// GrantGroup is the grants one decision took together (AllowAll): its
+// Grant refunds each of them, as one batch.
+type GrantGroup struct {
+	grants []Grant
+	inline [4]Grant // grants' storage, for as many parts as most calls have
+}
+
+// Init empties g and makes room for parts grants: in g itself when they
+// are few.
+func (g *GrantGroup) Init(parts int) {
+	*g = GrantGroup{}
+	g.grants = g.inline[:0]
+	if parts > len(g.inline) {
+		g.grants = make([]Grant, 0, parts)
+	}
+}
+
+// Add adds gr to g.
+func (g *GrantGroup) Add(gr Grant) { g.grants = append(g.grants, gr) }
+
+// Refund gives back n permits of each grant of g (as RefundAll).
+func (g *GrantGroup) Refund(ctx context.Context, n int) error {
+	return RefundAll(ctx, g.grants, n)
+}
+
+// Grant returns the grant of n permits from each grant of g.
+func (g *GrantGroup) Grant(n int) Grant { return Grant{src: g, n: n} }
+
+// NewGroupGrant returns the grant of n permits from each of grants, one
+// per part in the parts' order (a group renewed: see GroupGrants).
 func NewGroupGrant(grants []Grant, n int) Grant {
-	return Grant{src: &grantGroup{grants: grants}, n: n}
+	return Grant{src: &GrantGroup{grants: grants}, n: n}
 }
 
 // GroupGrants returns a copy of the grants of a group grant, one per part
 // in the parts' order, for the middlewares to renew a part's leases; nil
 // for any other grant.
 func GroupGrants(g Grant) []Grant {
-	if group, ok := g.src.(*grantGroup); ok {
+	if group, ok := g.src.(*GrantGroup); ok {
 		return append([]Grant(nil), group.grants...)
 	}
 	return nil
 }
 
-// grantGroup is the Refunder of a group grant.
-type grantGroup struct{ grants []Grant }
-
 // RefundGrant gives back n permits of every grant of the group.
-func (g *grantGroup) RefundGrant(ctx context.Context, _, _ string, _, n int) error {
+func (g *GrantGroup) RefundGrant(ctx context.Context, _, _ string, _, n int) error {
 	return RefundAll(ctx, g.grants, n)
 }
 
 // ReleaseGrant releases the leases of every grant of the group, as one
 // batch, and leaves their other permits counted.
-func (g *grantGroup) ReleaseGrant(ctx context.Context, _, _ string, took int) error {
+func (g *GrantGroup) ReleaseGrant(ctx context.Context, _, _ string, took int) error {
 	var leases []Grant
 	var errs []error
 	for _, p := range g.grants {
@@ -189,6 +225,27 @@ type trip struct {
 	req  request
 	text string
 	err  error
+	next *trip // the batch's next request
+	// Set by runBatch: the client whose pipeline the request goes in
+	// (pipelined), whether it is the first of its client's, and the
+	// command, once queued.
+	client    pipeliner
+	pipelined bool
+	leader    bool
+	cmd       *redis.StringCmd
+}
+
+// tripList collects a batch's trips, threaded through them.
+type tripList struct{ first, last *trip }
+
+func (l *tripList) add(tr *trip) {
+	tr.next = nil
+	if l.last == nil {
+		l.first = tr
+	} else {
+		l.last.next = tr
+	}
+	l.last = tr
 }
 
 // pipeliner is what the clients that pipeline have.
@@ -196,55 +253,63 @@ type pipeliner interface {
 	Pipeline() redis.Pipeliner
 }
 
-// runBatch sends trips: those that can go together in one pipeline per
-// client, the others by themselves, all at once.
-func runBatch(ctx context.Context, trips []*trip) {
-	if len(trips) == 0 {
+// runBatch sends the trips from first on: those that can go together in
+// one pipeline per client, the others by themselves, all at once. A batch
+// of one pipeline, the common case, runs on the caller's goroutine and
+// allocates nothing of its own.
+func runBatch(ctx context.Context, first *trip) {
+	if first == nil {
 		return
 	}
 	start := time.Now()
-	// A batch has few clients, most often one: a list, not a map.
-	type group struct {
-		client pipeliner
-		trips  []*trip
-	}
-	var groups []group
-	var lone []*trip
-next:
-	for _, tr := range trips {
-		client, ok := tr.t.pipelinable(ctx, start)
-		if !ok {
-			lone = append(lone, tr)
-			continue
-		}
-		for i := range groups {
-			if groups[i].client == client {
-				groups[i].trips = append(groups[i].trips, tr)
-				continue next
+	units := 0
+	for tr := first; tr != nil; tr = tr.next {
+		tr.client, tr.pipelined = tr.t.pipelinable(ctx, start)
+		tr.leader = tr.pipelined
+		// A batch has few clients, most often one: the trips before are
+		// searched, no map is built.
+		for o := first; tr.pipelined && o != tr; o = o.next {
+			if o.pipelined && o.client == tr.client {
+				tr.leader = false
+				break
 			}
 		}
-		groups = append(groups, group{client, append(make([]*trip, 0, len(trips)), tr)})
+		if !tr.pipelined || tr.leader {
+			units++
+		}
 	}
+	if units > 1 {
+		runUnits(ctx, first, start)
+		return
+	}
+	runUnit(ctx, first, start)
+}
+
+// runUnits runs each unit of a batch (a request alone, or a client's
+// pipeline) in a goroutine of its own, and waits for all.
+func runUnits(ctx context.Context, first *trip, start time.Time) {
 	var wg sync.WaitGroup
-	units := len(lone) + len(groups)
-	do := func(f func()) {
-		if units == 1 {
-			f()
-			return
+	for tr := first; tr != nil; tr = tr.next {
+		if tr.pipelined && !tr.leader {
+			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			f()
+			runUnit(ctx, tr, start)
 		}()
 	}
-	for _, tr := range lone {
-		do(func() { tr.text, tr.err = tr.t.guardedRun(ctx, tr.req) })
-	}
-	for _, g := range groups {
-		do(func() { pipeline(ctx, g.client, g.trips, start) })
-	}
 	wg.Wait()
+}
+
+// runUnit sends tr alone, or, when it leads its client's requests, their
+// pipeline.
+func runUnit(ctx context.Context, tr *trip, start time.Time) {
+	if tr.pipelined {
+		pipeline(ctx, tr, start)
+		return
+	}
+	tr.text, tr.err = tr.t.guardedRun(ctx, tr.req)
 }
 
 // pipelinable reports whether a request of t can go in a pipeline now, and
@@ -272,12 +337,17 @@ func (t *roundTrip) pipelinable(ctx context.Context, start time.Time) (pipeliner
 	return nil, false
 }
 
-// pipeline sends trips, on one client, in one pipeline, each behind its
-// breaker; those the server answers NOSCRIPT go again as EVAL, each alone
-// (after a SCRIPT FLUSH, or on a new node).
-func pipeline(ctx context.Context, client pipeliner, trips []*trip, start time.Time) {
-	sent := make([]*trip, 0, len(trips))
-	for _, tr := range trips {
+// pipeline sends the trips of leader's client, from leader on, in one
+// pipeline, each behind its breaker; those the server answers NOSCRIPT go
+// again as EVAL, each alone (after a SCRIPT FLUSH, or on a new node).
+func pipeline(ctx context.Context, leader *trip, start time.Time) {
+	p := leader.t.pipe(leader.client)
+	for tr := leader; tr != nil; tr = tr.next {
+		// Another client's trips are another goroutine's (runUnits).
+		if !tr.pipelined || tr.client != leader.client {
+			continue
+		}
+		tr.cmd = nil
 		if tr.t.breaker != nil {
 			probe, err := tr.t.breaker.admit()
 			if err != nil {
@@ -293,20 +363,19 @@ func pipeline(ctx context.Context, client pipeliner, trips []*trip, start time.T
 				continue
 			}
 		}
-		sent = append(sent, tr)
+		tr.cmd = tr.t.scriptCmd(ctx, tr.req, false)
+		p.cmds = append(p.cmds, tr.cmd)
 	}
-	if len(sent) == 0 {
-		return
+	if len(p.cmds) > 0 {
+		_ = p.BatchProcess(ctx, p.cmds...)
+		_, _ = p.Exec(ctx)
 	}
-	p := client.Pipeline()
-	cmds := make([]*redis.StringCmd, len(sent))
-	for i, tr := range sent {
-		cmds[i] = tr.t.scriptCmd(ctx, tr.req, false)
-		_ = p.Process(ctx, cmds[i])
-	}
-	_, _ = p.Exec(ctx)
-	for i, tr := range sent {
-		tr.text, tr.err = cmds[i].Result()
+	leader.t.putPipe(p)
+	for tr := leader; tr != nil; tr = tr.next {
+		if !tr.pipelined || tr.client != leader.client || tr.cmd == nil {
+			continue
+		}
+		tr.text, tr.err = tr.cmd.Result()
 		if tr.err != nil && redis.HasErrorPrefix(tr.err, "NOSCRIPT") {
 			// The server lacks the script (a SCRIPT FLUSH, a new node):
 			// EVAL it, alone, as run does.
@@ -314,6 +383,7 @@ func pipeline(ctx context.Context, client pipeliner, trips []*trip, start time.T
 			_ = tr.t.proc.Process(ctx, cmd)
 			tr.text, tr.err = cmd.Result()
 		}
+		tr.cmd = nil
 		if b := tr.t.breaker; b != nil {
 			if tr.err != nil {
 				b.record(false, b.classify(ctx, tr.err, start), withCtxErr(ctx, tr.err))
@@ -321,5 +391,40 @@ func pipeline(ctx context.Context, client pipeliner, trips []*trip, start time.T
 				b.record(false, answered, nil)
 			}
 		}
+	}
+}
+
+// pipe is a client's Pipeliner, kept for the next batch: go-redis builds
+// one in four allocations, and one that has run holds nothing (Exec
+// empties it). cmds is the batch's commands, handed to it at once.
+type pipe struct {
+	redis.Pipeliner
+	cmds []redis.Cmder
+}
+
+// keptPipes is how many Pipeliners a limiter keeps for its batches: as
+// many as batches usually run at once through it. A free list, not a
+// sync.Pool, whose every garbage collection would cost the next batches
+// their four allocations again.
+const keptPipes = 16
+
+// pipe returns a Pipeliner of t's client, one kept from an earlier batch
+// when there is one.
+func (t *roundTrip) pipe(client pipeliner) *pipe {
+	select {
+	case p := <-t.pipes:
+		return p
+	default:
+		return &pipe{Pipeliner: client.Pipeline()}
+	}
+}
+
+// putPipe keeps p, which has run, for t's next batch, if there is room.
+func (t *roundTrip) putPipe(p *pipe) {
+	clear(p.cmds)
+	p.cmds = p.cmds[:0]
+	select {
+	case t.pipes <- p:
+	default:
 	}
 }

@@ -114,22 +114,33 @@ func New(rdb redis.Scripter, cfg Config) *Engine {
 // Decide takes n permits for key if all n are available. err is non-nil only
 // when no decision was made.
 func (e *Engine) Decide(ctx context.Context, key string, n int) (Reply, error) {
+	return e.DecideIn(ctx, key, n, nil)
+}
+
+// DecideIn is Decide writing the script command's arguments in argv
+// (len 0) when its capacity holds them: storage in an allocation the
+// caller makes anyway, which spares the call one. The command may still
+// use argv after DecideIn returned (a call that runs on past its caller's
+// deadline, see detach): the caller must not reuse it.
+func (e *Engine) DecideIn(ctx context.Context, key string, n int, argv []any) (Reply, error) {
 	if e.observe == nil {
-		r, _, err := e.decide(ctx, key, n)
+		r, _, err := e.decide(ctx, key, n, argv)
 		return r, err
 	}
 	start := time.Now()
-	r, local, err := e.decide(ctx, key, n)
+	r, local, err := e.decide(ctx, key, n, argv)
 	e.observe(Event{Ctx: ctx, Key: key, N: n, Reply: r, Err: err, Latency: time.Since(start), Local: local})
 	return r, err
 }
 
-func (e *Engine) decide(ctx context.Context, key string, n int) (r Reply, local bool, err error) {
+func (e *Engine) decide(ctx context.Context, key string, n int, argv []any) (r Reply, local bool, err error) {
 	c, r, local, err := e.begin(ctx, key, n)
 	if err != nil || local {
 		return r, local, err
 	}
-	text, err := e.guardedRun(ctx, c.request())
+	req := c.request()
+	req.argv = argv
+	text, err := e.guardedRun(ctx, req)
 	r, err = c.finish(ctx, text, err)
 	return r, false, err
 }

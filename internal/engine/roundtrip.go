@@ -29,6 +29,8 @@ type roundTrip struct {
 	breaker     *Breaker
 	minDeadline time.Duration // the breaker's MinDeadline, else DefaultMinDeadline
 	detachSlots chan struct{} // one per call with a short deadline running on: see guardedRun
+	// pipes keeps rdb's Pipeliners between AllowAll batches (batch.go).
+	pipes chan *pipe
 }
 
 // newRoundTrip returns the round trip of cfg's script on rdb.
@@ -41,6 +43,7 @@ func newRoundTrip(rdb redis.Scripter, cfg Config) roundTrip {
 		breaker:     cfg.Breaker,
 		minDeadline: DefaultMinDeadline,
 		detachSlots: make(chan struct{}, maxDetachedCalls),
+		pipes:       make(chan *pipe, keptPipes),
 	}
 	if t.breaker != nil {
 		t.minDeadline = t.breaker.cfg.MinDeadline
@@ -72,6 +75,10 @@ type request struct {
 	n      int
 	refund string
 	reset  bool
+	// argv, when its capacity holds the command's arguments, is where
+	// scriptCmd writes them: room in an allocation the caller makes anyway
+	// (a Lease, AllowAll's parts), which spares the call one of its own.
+	argv []any
 }
 
 // run sends the script for one request and returns its reply text (none
@@ -120,7 +127,11 @@ func (t *roundTrip) scriptCmd(ctx context.Context, req request, source bool) *re
 		n = req.refund
 	}
 	const keyPos = 3 // EVALSHA sha numkeys key ...
-	args := make([]any, 6, 6+len(req.args)+len(t.args))
+	args := req.argv
+	if need := 6 + len(req.args) + len(t.args); cap(args) < need {
+		args = make([]any, 0, need)
+	}
+	args = args[:6]
 	args[0], args[1], args[2], args[3], args[4], args[5] = "evalsha", t.sha, 1, req.key, req.nowArg, n
 	if source {
 		args[0], args[1] = "eval", t.src
