@@ -189,6 +189,9 @@ func TestCalendarWindowSteps(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			forEachBackend(t, func(t *testing.T, b backend) {
+				// A step a µs before a period ends leaves the key a TTL of
+				// a µs: in real time, gone before the next step.
+				b.keepKeys()
 				runCalendarSteps(t, b.rdb, c.period, c.limit, c.base, c.steps)
 			})
 		})
