@@ -30,7 +30,7 @@ func NewLeakyBucket(rdb redis.Scripter, capacity int, leak Rate, opts ...Option)
 	l, err := buildBucket(rdb, spec{
 		algorithm: "leaky_bucket",
 		code:      "lb",
-		format:    4,
+		format:    5,
 		script:    leakyBucketScript,
 	}, "leak", capacity, leak, opts)
 	if err != nil {

@@ -30,7 +30,7 @@ func NewTokenBucket(rdb redis.Scripter, capacity int, refill Rate, opts ...Optio
 	l, err := buildBucket(rdb, spec{
 		algorithm: "token_bucket",
 		code:      "tb",
-		format:    4,
+		format:    5,
 		script:    tokenBucketScript,
 	}, "refill", capacity, refill, opts)
 	if err != nil {
