@@ -235,9 +235,10 @@ func TestBucketRefundSharedKey(t *testing.T) {
 	}
 }
 
-// A key keeps the records of at most 16 refunded grants: a refund of a
-// grant whose record was dropped gives nothing (stricter, never looser),
-// and the state stays bounded whatever the number of grants and refunds.
+// A key keeps at most 16 ranges of given-back positions: past that the
+// lowest goes and a refund of a grant before the horizon gives nothing
+// (stricter than the model, never looser), and the state stays bounded
+// whatever the number of grants and refunds.
 func TestBucketRefundRecordsBounded(t *testing.T) {
 	t.Parallel()
 	for _, alg := range bucketAlgorithms {
@@ -248,28 +249,43 @@ func TestBucketRefundRecordsBounded(t *testing.T) {
 				clock := newClock()
 				l, err := newBucket(alg, b.rdb, 100, PerHour(1), WithClock(clock.Now))
 				require.NoError(t, err)
+				m := newBucketModel(alg, 100, PerHour(1))
+				now := clock.now.UnixMicro()
 				var grants []Grant
+				var ids []int64
 				for range 40 {
 					r, err := l.AllowN(ctx, "k", 2)
 					require.NoError(t, err)
 					require.True(t, r.Allowed)
 					grants = append(grants, r.Grant)
+					ids = append(ids, m.Step(now, 2).GrantID)
 				}
-				for _, g := range grants {
-					require.NoError(t, g.Refund(ctx, 1))
+				refundAll := func(k int) {
+					for i, g := range grants {
+						require.NoError(t, g.Refund(ctx, k))
+						m.(model.Refunder).Refund(now, ids[i], int64(k))
+					}
 				}
+				refundAll(1)
 				require.Equal(t, 60, lookBucket(t, l, "k").Remaining, "40 grants of 2, each gave 1 back")
-				require.LessOrEqual(t, b.rdb.StrLen(ctx, keyPrefix(l)+"k").Val(), int64(600), "the state's records are bounded")
-				for _, g := range grants {
-					require.NoError(t, g.Refund(ctx, 2))
+				require.Equal(t, int64(60), m.Step(now, 0).Remaining, "the model agrees")
+				require.LessOrEqual(t, b.rdb.StrLen(ctx, keyPrefix(l)+"k").Val(), int64(600), "the state's ranges are bounded")
+				refundAll(2)
+				// 40 ranges apart: the 24 lowest went, and the horizon
+				// with them; the last 16 grants each give their second
+				// permit.
+				require.Equal(t, 76, lookBucket(t, l, "k").Remaining, "only grants past the horizon give more")
+				require.Equal(t, int64(100), m.Step(now, 0).Remaining, "the model, unbounded, gives all back")
+				refundAll(2)
+				require.Equal(t, 76, lookBucket(t, l, "k").Remaining, "at most once, ranges or not")
+				for range 3 {
+					clock.Advance(20 * time.Minute)
+					now = clock.now.UnixMicro()
+					got, want := lookBucket(t, l, "k"), m.Step(now, 0)
+					require.LessOrEqual(t, int64(got.Remaining), want.Remaining, "never looser than the model as it drains")
+					require.Equal(t, 24-int(now-epoch.UnixMicro())/3600_000_000, 100-got.Remaining,
+						"the level the horizon kept drains at the rate: %v", got)
 				}
-				// The last 16 grants' records are kept: each gives its
-				// second permit; the 24 before them gave their record up.
-				require.Equal(t, 76, lookBucket(t, l, "k").Remaining, "only grants with a record give more")
-				for _, g := range grants {
-					require.NoError(t, g.Refund(ctx, 2))
-				}
-				require.Equal(t, 76, lookBucket(t, l, "k").Remaining, "at most once, records or not")
 			})
 		})
 	}

@@ -232,10 +232,10 @@ func (b *bucket) ends(s bucketState) int64 {
 
 // RefundGrant gives back permits of the grant token names on key until k
 // of them in all have been given back, as far as they are still in the
-// bucket: its permits end no sooner than its end less the shift refunds
-// made since, and those after the key's time leave from the last. A
-// clock gone wrong, a grant past the records' horizon or a token this
-// bucket did not make gives nothing back; no error but for bad arguments.
+// bucket (those its positions hold that the drain has not reached), from
+// the last. A clock gone wrong, a grant before the horizon or a token
+// this bucket did not make gives nothing back; no error but for bad
+// arguments.
 func (b *bucket) RefundGrant(ctx context.Context, key, token string, took, k int) error {
 	if err := checkCall(ctx, b.algorithm, key, k); err != nil {
 		return err

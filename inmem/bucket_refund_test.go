@@ -80,3 +80,45 @@ func TestBucketRefundsAgreeWithScripts(t *testing.T) {
 		}
 	}
 }
+
+// Past 16 ranges of given-back positions, the in-process buckets drop the
+// lowest and raise the horizon as the scripts do: 40 grants of 2, each
+// refunded 1 (40 ranges apart), then 2: only the last 16 give their
+// second permit, and at most once.
+func TestBucketRefundRangesBounded(t *testing.T) {
+	ctx := context.Background()
+	for _, leaky := range []bool{true, false} {
+		t.Run(fmt.Sprintf("leaky=%v", leaky), func(t *testing.T) {
+			clock := &fakeClock{now: epoch}
+			var l redlimit.Limiter
+			var err error
+			if leaky {
+				l, err = NewLeakyBucket(100, redlimit.PerHour(1), WithClock(clock.Now))
+			} else {
+				l, err = NewTokenBucket(100, redlimit.PerHour(1), WithClock(clock.Now))
+			}
+			require.NoError(t, err)
+			var grants []redlimit.Grant
+			for range 40 {
+				r, err := l.AllowN(ctx, "k", 2)
+				require.NoError(t, err)
+				require.True(t, r.Allowed)
+				grants = append(grants, r.Grant)
+			}
+			remaining := func() int {
+				r, err := l.AllowN(ctx, "k", 0)
+				require.NoError(t, err)
+				return r.Remaining
+			}
+			for _, k := range []int{1, 2, 2} {
+				for _, g := range grants {
+					require.NoError(t, g.Refund(ctx, k))
+				}
+				if k == 1 {
+					require.Equal(t, 60, remaining(), "40 grants of 2, each gave 1 back")
+				}
+			}
+			require.Equal(t, 76, remaining(), "only the grants past the horizon gave their second permit, once")
+		})
+	}
+}
