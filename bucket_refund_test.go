@@ -187,6 +187,65 @@ func TestBucketRefundTracesAgainstModel(t *testing.T) {
 	}
 }
 
+// Past the 16 ranges a key keeps (buckets of 30 to 50, many small grants
+// refunded in part, in any order): never looser than the model, whose
+// queue is unbounded, at every step.
+func TestBucketRefundTracesPastTheBound(t *testing.T) {
+	t.Parallel()
+	offset := testseed.Offset(t)
+	for _, alg := range bucketAlgorithms {
+		t.Run(alg, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, b backend) {
+				b.keepKeys()
+				ctx := context.Background()
+				for trace := range 2 {
+					seed := uint64(trace) + offset
+					rng := rand.New(rand.NewPCG(seed, 36))
+					capacity := 30 + rng.IntN(21)
+					rate := Rate{Count: 1 + rng.IntN(4), Per: time.Duration(1+rng.IntN(8)) * 100 * ms}
+					step := int64(rate.Per) / int64(rate.Count) / 40
+					clock := newClock()
+					l, err := newBucket(alg, b.rdb, capacity, rate, WithClock(clock.Now))
+					require.NoError(t, err)
+					m := newBucketModel(alg, capacity, rate)
+					type grant struct {
+						g  Grant
+						id int64
+					}
+					var grants []grant
+					key := fmt.Sprintf("refund-bound-%d", trace)
+					for i := range 300 {
+						clock.Advance(time.Duration(rng.Int64N(step + 1)))
+						now := clock.now.UnixMicro()
+						what := fmt.Sprintf("trace %d (seed %d, %d at %v) step %d", trace, seed, capacity, rate, i)
+						if len(grants) > 0 && rng.IntN(2) == 0 {
+							g := grants[rng.IntN(len(grants))]
+							k := 1 + rng.IntN(g.g.N())
+							if rng.IntN(4) > 0 {
+								k = 1 + rng.IntN(max(1, g.g.N()-1)) // keep some: ranges apart
+							}
+							require.NoError(t, g.g.Refund(ctx, k))
+							m.(model.Refunder).Refund(now, g.id, int64(k))
+							got, want := lookBucket(t, l, key), m.Step(now, 0)
+							require.LessOrEqual(t, int64(got.Remaining), want.Remaining, "%s: never looser after a refund", what)
+							continue
+						}
+						n := 1 + rng.IntN(3)
+						got, err := l.AllowN(ctx, key, n)
+						require.NoError(t, err)
+						want := m.Clone().Step(now, int64(n))
+						require.True(t, !got.Allowed || want.Allowed, "%s: n=%d granted where the model denies", what, n)
+						if got.Allowed {
+							grants = append(grants, grant{got.Grant, m.Step(now, int64(n)).GrantID})
+						}
+						require.LessOrEqual(t, int64(lookBucket(t, l, key).Remaining), m.Step(now, 0).Remaining, "%s: never looser", what)
+					}
+				}
+			})
+		})
+	}
+}
+
 // Two configurations share a key (WithPrefix): a grant by either, refunded
 // in full at once, leaves every configuration what it has on a twin key
 // that never saw the grant, then and later; partly, or later, never more.
