@@ -21,10 +21,10 @@
 -- the level at r in parts, each draining at the rate that granted it, the
 -- slowest first; a part that refunds gave back from adds its positions:
 --   "<r><level><tag>"                                         this rate only
---   "<r> <level>/<count>/<per>[ <e>@<d>[+<f>][^<h>][ <lo>:<hi>...]] ... <tag>"
+--   "<r> <level>/<count>/<per>[ <e>@<d>[+<f>^<h>][ <lo>:<hi>...]] ... <tag>"
 -- A part's permits hold positions on its own line of ticks, in the order
 -- they drain, never reused: its drain has reached position (r + d) µs and
--- f ticks at r (d 0: the drain is at r), the grants of its labelling e
+-- f ticks at r (no field: the drain is at r), the grants of its labelling e
 -- hold the positions after that, and those refunds gave back are the
 -- ranges [lo, hi) of ticks past the drain, which it skips. A grant named
 -- by a range or before h gives nothing back. A call decides at the key's
@@ -422,20 +422,26 @@ if refund and not wrong and own and not old and at[own] > 0 then
   end
 end
 
--- write_labels adds part i's positions to fields, when they are not those
--- of a part never refunded.
-local function write_labels(fields, i)
+-- never_refunded reports whether a part's positions are those of a part
+-- no refund touched: its drain at r, nothing given back.
+local function never_refunded(part)
+  return part.e == 0 and part.d == 0 and part.f == 0 and part.h == 0 and #part.ranges == 0
+end
+
+-- part_text returns part i as the state writes it: its level and rate,
+-- then its positions once a refund touched them.
+local function part_text(i)
   local part = labels[i]
-  if part.e == 0 and part.d == 0 and part.f == 0 and part.h == 0 and #part.ranges == 0 then
-    return
+  if never_refunded(part) then
+    return string.format('%d/%d/%d', level[i], counts[i], pers[i])
   end
-  local text = string.format('%d@%d', part.e, part.d)
-  if part.f > 0 then text = text .. string.format('+%d', part.f) end
-  if part.h > 0 then text = text .. string.format('^%d', part.h) end
-  fields[#fields + 1] = text
+  local format = '%d/%d/%d %d@%d+%d^%d'
+  if part.f == 0 and part.h == 0 then format = '%d/%d/%d %d@%d' end
+  local text = string.format(format, level[i], counts[i], pers[i], part.e, part.d, part.f, part.h)
   for _, range in ipairs(part.ranges) do
-    fields[#fields + 1] = string.format('%d:%d', range[1], range[2])
+    text = text .. string.format(' %d:%d', range[1], range[2])
   end
+  return text
 end
 
 -- Write: grants (the key lives until every part has drained, and until
@@ -444,16 +450,13 @@ end
 -- kept: a refund never shortens it, nor moves an end).
 local reset = drain_us(used)
 if granted or given > 0 then
-  local plain = labels[1]
-  if not shared and #level == 1 and own == 1 and plain.e == 0 and plain.d == 0
-      and plain.f == 0 and plain.h == 0 and #plain.ranges == 0 then
+  if not shared and #level == 1 and own == 1 and never_refunded(labels[1]) then
     value = string.format('%d%d%s', r, level[1], TAG)
   else
     local fields = {string.format('%d', r)}
     for i = 1, #level do
       if level[i] > 0 or i == own or (i == #level and #fields == 1) then
-        fields[#fields + 1] = string.format('%d/%d/%d', level[i], counts[i], pers[i])
-        write_labels(fields, i)
+        fields[#fields + 1] = part_text(i)
       end
     end
     fields[#fields + 1] = TAG
