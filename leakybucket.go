@@ -2,7 +2,7 @@ package redlimit
 
 import "github.com/redis/go-redis/v9"
 
-var leakyBucketScript = loadScript("leakybucket.lua", "gcra.lua")
+var leakyBucketScript = loadScript("leakybucket.lua", "refunds.lua", "gcra.lua")
 
 // LeakyBucket smooths traffic to a steady rate. Its level starts at 0 and
 // drains continuously at the leak rate; a request of n is allowed if level +

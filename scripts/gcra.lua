@@ -1,9 +1,10 @@
 -- gcra.lua: the decision of the leaky and the token bucket, joined after
 -- leakybucket.lua or tokenbucket.lua, which set TAG (the state's tag) and
--- WHAT (the bucket's name in errors). A token bucket's missing tokens are
--- a leaky bucket's level, so one rule decides both: the level drains at
--- `count` permits per `per` µs, and n permits are allowed if level + n <=
--- capacity, which then adds n. The level is counted in ticks: a permit is
+-- WHAT (the bucket's name in errors), and refunds.lua (MAX_RANGES and
+-- merge_range). A token bucket's missing tokens are a leaky bucket's
+-- level, so one rule decides both: the level drains at `count` permits
+-- per `per` µs, and n permits are allowed if level + n <= capacity, which
+-- then adds n. The level is counted in ticks: a permit is
 -- `per` ticks and `count` ticks drain a µs, so every value is an integer.
 --
 -- KEYS[1]  the key
@@ -50,7 +51,7 @@ local OLD_WHOLE = '^([1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)(%d)$'
 local OLD_FRACTION = '^([1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)(%d)%+([1-9]%d*)/([1-9]%d*)$'
 local OLD_LONG = '^([1-9]%d+) (%d+) ([1-9]%d*) ([1-9]%d*) ([1-9]%d*) (%d)$'
 local NOT_OURS = 'NOTOURS holds %s, not redlimit state; it was left unchanged'
-local MAX_PARTS, MAX_RANGES = 2, 16
+local MAX_PARTS = 2
 -- Another rate's level is converted in doubles, rounded up by a margin far
 -- above their error.
 local MARGIN = 1 + 2 ^ -40
@@ -365,20 +366,8 @@ end
 -- drained sooner, stricter) and the horizon rises to its end, so that no
 -- grant it held gives again.
 local function give_range(i, lo, hi)
-  local own_labels, ranges, placed = labels[i], {}, false
-  for _, range in ipairs(own_labels.ranges) do
-    if range[2] == lo then
-      lo = range[1]
-    elseif range[1] == hi then
-      hi = range[2]
-    elseif range[1] > hi and not placed then
-      ranges[#ranges + 1], placed = {lo, hi}, true
-      ranges[#ranges + 1] = range
-    else
-      ranges[#ranges + 1] = range
-    end
-  end
-  if not placed then ranges[#ranges + 1] = {lo, hi} end
+  local own_labels = labels[i]
+  local ranges = merge_range(own_labels.ranges, lo, hi)
   if #ranges > MAX_RANGES then
     local gone = table.remove(ranges, 1)
     local size, c = gone[2] - gone[1], counts[i]
