@@ -282,7 +282,10 @@ local function rebase(i, moved)
   new.f = pos - new.d * c
   if old_labels.h > moved then new.h = old_labels.h - moved end
   for _, range in ipairs(old_labels.ranges) do
-    if range[1] > moved then new.ranges[#new.ranges + 1] = {range[1] - moved, range[2] - moved} end
+    if range[1] > moved then
+      range[1], range[2] = range[1] - moved, range[2] - moved
+      new.ranges[#new.ranges + 1] = range
+    end
   end
   return new
 end
@@ -417,20 +420,21 @@ local function never_refunded(part)
   return part.e == 0 and part.d == 0 and part.f == 0 and part.h == 0 and #part.ranges == 0
 end
 
--- part_text returns part i as the state writes it: its level and rate,
--- then its positions once a refund touched them.
-local function part_text(i)
+-- write_part adds part i to fields as the state writes it: its level and
+-- rate, then its positions once a refund touched them.
+local function write_part(fields, i)
   local part = labels[i]
   if never_refunded(part) then
-    return string.format('%d/%d/%d', level[i], counts[i], pers[i])
+    fields[#fields + 1] = string.format('%d/%d/%d', level[i], counts[i], pers[i])
+    return
   end
   local format = '%d/%d/%d %d@%d+%d^%d'
   if part.f == 0 and part.h == 0 then format = '%d/%d/%d %d@%d' end
-  local text = string.format(format, level[i], counts[i], pers[i], part.e, part.d, part.f, part.h)
+  fields[#fields + 1] = string.format(format, level[i], counts[i], pers[i],
+    part.e, part.d, part.f, part.h)
   for _, range in ipairs(part.ranges) do
-    text = text .. string.format(' %d:%d', range[1], range[2])
+    fields[#fields + 1] = string.format('%d:%d', range[1], range[2])
   end
-  return text
 end
 
 -- Write: grants (the key lives until every part has drained, and until
@@ -445,7 +449,7 @@ if granted or given > 0 then
     local fields = {string.format('%d', r)}
     for i = 1, #level do
       if level[i] > 0 or i == own or (i == #level and #fields == 1) then
-        fields[#fields + 1] = part_text(i)
+        write_part(fields, i)
       end
     end
     fields[#fields + 1] = TAG
