@@ -27,8 +27,9 @@
 -- they drain, never reused: its drain has reached position (r + d) µs and
 -- f ticks at r (no field: the drain is at r), the grants of its labelling e
 -- hold the positions after that, and those refunds gave back are the
--- ranges [lo, hi) of ticks past the drain, which it skips. A grant named
--- by a range or before h gives nothing back. A call decides at the key's
+-- ranges [lo, hi) of ticks past the drain, which it skips: what a grant
+-- gave back is the range that ends its positions, and a grant whose
+-- positions start before h gives nothing more. A call decides at the key's
 -- time max(now, r). Only grants and refunds write; a grant adds to its own
 -- rate's part and never re-rates another.
 --
