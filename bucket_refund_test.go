@@ -349,3 +349,38 @@ func TestBucketRefundRecordsBounded(t *testing.T) {
 		})
 	}
 }
+
+// Under WithPrefix, a part of one rate that a refund emptied is dropped by
+// another rate's grant and started again in the same µs: a retry of the
+// refund that emptied it finds a labelling its grant never had, and gives
+// nothing of the new grant.
+func TestBucketRefundPartStartedAgain(t *testing.T) {
+	t.Parallel()
+	for _, alg := range bucketAlgorithms {
+		t.Run(alg, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, b backend) {
+				ctx := context.Background()
+				clock := newClock()
+				opts := []Option{WithPrefix("refund-again:" + alg + ":"), WithClock(clock.Now)}
+				slow, err := newBucket(alg, b.rdb, 5, PerMinute(1), opts...)
+				require.NoError(t, err)
+				fast, err := newBucket(alg, b.rdb, 20, PerMinute(10), opts...)
+				require.NoError(t, err)
+				grant := func(l Limiter) Grant {
+					r, err := l.AllowN(ctx, "k", 1)
+					require.NoError(t, err)
+					require.True(t, r.Allowed)
+					return r.Grant
+				}
+				grant(slow)
+				first := grant(fast)
+				require.NoError(t, first.Refund(ctx, 1))
+				grant(slow) // drops the emptied part of the fast rate
+				grant(fast) // starts it again, in the same µs
+				before := lookBucket(t, fast, "k")
+				require.NoError(t, first.Refund(ctx, 1), "the retry")
+				require.Equal(t, before, lookBucket(t, fast, "k"), "at most once: the retry gives nothing of the new grant")
+			})
+		})
+	}
+}

@@ -308,7 +308,10 @@ if granted then
   if #at > 1 or not own then
     local keep_at, keep_counts, keep_pers, keep_labels = {}, {}, {}, {}
     for i = 1, #at do
-      if at[i] > 0 or i == own then
+      -- A drained part goes, unless its labelling could be the next one
+      -- (not yet behind the clock): it stays, empty, so that no part of
+      -- its rate starts again under the same name.
+      if at[i] > 0 or i == own or labels[i].e >= t then
         local j = #keep_at + 1
         keep_at[j], keep_counts[j], keep_pers[j] = at[i], counts[i], pers[i]
         keep_labels[j] = labels[i]
@@ -449,7 +452,7 @@ if granted or given > 0 then
   else
     local fields = {string.format('%d', r)}
     for i = 1, #level do
-      if level[i] > 0 or i == own or (i == #level and #fields == 1) then
+      if level[i] > 0 or i == own or labels[i].e >= r or (i == #level and #fields == 1) then
         write_part(fields, i)
       end
     end
