@@ -112,9 +112,11 @@ func TestBucketRefundClocksAndTTL(t *testing.T) {
 }
 
 // Random traces of grants, denials, n == 0 and partial refunds (of any
-// grant, twice, summing past what was given, after the permits drained):
-// never looser than the reference model, and exactly it while every refund
-// is of a grant's permits that nothing but its own refunds moved.
+// grant, in any order, twice, summing past what was given, after the
+// permits drained): every Result is the reference model's, exactly. Half
+// the traces refund only the latest grant, at once; the others any grant,
+// later. A bucket of at most 10 permits never holds more than the 16
+// ranges of given-back positions a key keeps.
 func TestBucketRefundTracesAgainstModel(t *testing.T) {
 	t.Parallel()
 	offset := testseed.Offset(t)
@@ -133,9 +135,7 @@ func TestBucketRefundTracesAgainstModel(t *testing.T) {
 					capacity := 2 + rng.IntN(9)
 					rate := Rate{Count: 1 + rng.IntN(4), Per: time.Duration(1+rng.IntN(8)) * 100 * ms}
 					full := time.Duration(int64(capacity) * int64(rate.Per) / int64(rate.Count))
-					// Half the traces refund only the latest grant, once, at
-					// once: those must be exact.
-					exact := trace%2 == 0
+					latest := trace%2 == 0
 					clock := newClock()
 					l, err := newBucket(alg, b.rdb, capacity, rate, WithClock(clock.Now))
 					require.NoError(t, err)
@@ -155,49 +155,90 @@ func TestBucketRefundTracesAgainstModel(t *testing.T) {
 						now := clock.now.UnixMicro()
 						if len(grants) > 0 && rng.IntN(3) == 0 {
 							pick := len(grants) - 1
-							if !exact {
+							if !latest {
 								pick = rng.IntN(len(grants))
 							}
 							g := grants[pick]
 							k := 1 + rng.IntN(g.g.N())
 							require.NoError(t, g.g.Refund(ctx, k), msg(i, "refund"))
 							refunder.Refund(now, g.id, int64(k))
-							if exact {
-								grants = nil // once: a second refund's shift is rounded to the µs
-							}
 							got, want := lookBucket(t, l, key), modelToResult(m.Step(now, 0))
-							if exact {
-								require.Equal(t, want, got, msg(i, fmt.Sprintf("after refunding %d of %d", k, g.g.N())))
-							} else {
-								require.LessOrEqual(t, got.Remaining, want.Remaining, msg(i, "never looser after a refund"))
-							}
+							require.Equal(t, want, got, msg(i, fmt.Sprintf("after refunding %d of %d", k, g.g.N())))
 							continue
 						}
 						n := rng.IntN(capacity + 1)
-						// After a refund of an earlier grant the script may
-						// be stricter: the model decides the same call on a
-						// copy, and on itself only when the script grants.
-						want := m.Clone().Step(now, int64(n))
+						want := m.Step(now, int64(n))
 						got, err := l.AllowN(ctx, key, n)
 						require.NoError(t, err)
-						if exact {
-							require.Equal(t, modelToResult(want), withoutGrant(got), msg(i, fmt.Sprintf("n=%d", n)))
-						} else {
-							require.True(t, !got.Allowed || want.Allowed, msg(i, fmt.Sprintf("n=%d granted where the model denies", n)))
-							if !got.Allowed {
-								want = m.Clone().Step(now, 0) // what the model has left without it
-							}
-							require.LessOrEqual(t, int64(got.Remaining), want.Remaining, msg(i, "never looser"))
-						}
+						require.Equal(t, modelToResult(want), withoutGrant(got), msg(i, fmt.Sprintf("n=%d", n)))
 						if got.Allowed && n > 0 {
-							grants = append(grants, grant{got.Grant, m.Step(now, int64(n)).GrantID})
-							if exact {
+							grants = append(grants, grant{got.Grant, want.GrantID})
+							if latest {
 								grants = grants[len(grants)-1:]
 							}
 						}
-						if exact && rng.IntN(2) == 0 {
+						if latest && rng.IntN(2) == 0 {
 							grants = nil // only refunds right after their grant
 						}
+					}
+				}
+			})
+		})
+	}
+}
+
+// Past the 16 ranges a key keeps (buckets of 30 to 50, many small grants
+// refunded in part, in any order): never looser than the model, whose
+// queue is unbounded, at every step.
+func TestBucketRefundTracesPastTheBound(t *testing.T) {
+	t.Parallel()
+	offset := testseed.Offset(t)
+	for _, alg := range bucketAlgorithms {
+		t.Run(alg, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, b backend) {
+				b.keepKeys()
+				ctx := context.Background()
+				for trace := range 2 {
+					seed := uint64(trace) + offset
+					rng := rand.New(rand.NewPCG(seed, 36))
+					capacity := 30 + rng.IntN(21)
+					rate := Rate{Count: 1 + rng.IntN(4), Per: time.Duration(1+rng.IntN(8)) * 100 * ms}
+					step := int64(rate.Per) / int64(rate.Count) / 40
+					clock := newClock()
+					l, err := newBucket(alg, b.rdb, capacity, rate, WithClock(clock.Now))
+					require.NoError(t, err)
+					m := newBucketModel(alg, capacity, rate)
+					type grant struct {
+						g  Grant
+						id int64
+					}
+					var grants []grant
+					key := fmt.Sprintf("refund-bound-%d", trace)
+					for i := range 300 {
+						clock.Advance(time.Duration(rng.Int64N(step + 1)))
+						now := clock.now.UnixMicro()
+						what := fmt.Sprintf("trace %d (seed %d, %d at %v) step %d", trace, seed, capacity, rate, i)
+						if len(grants) > 0 && rng.IntN(2) == 0 {
+							g := grants[rng.IntN(len(grants))]
+							k := 1 + rng.IntN(g.g.N())
+							if rng.IntN(4) > 0 {
+								k = 1 + rng.IntN(max(1, g.g.N()-1)) // keep some: ranges apart
+							}
+							require.NoError(t, g.g.Refund(ctx, k))
+							m.(model.Refunder).Refund(now, g.id, int64(k))
+							got, want := lookBucket(t, l, key), m.Step(now, 0)
+							require.LessOrEqual(t, int64(got.Remaining), want.Remaining, "%s: never looser after a refund", what)
+							continue
+						}
+						n := 1 + rng.IntN(3)
+						got, err := l.AllowN(ctx, key, n)
+						require.NoError(t, err)
+						want := m.Clone().Step(now, int64(n))
+						require.True(t, !got.Allowed || want.Allowed, "%s: n=%d granted where the model denies", what, n)
+						if got.Allowed {
+							grants = append(grants, grant{got.Grant, m.Step(now, int64(n)).GrantID})
+						}
+						require.LessOrEqual(t, int64(lookBucket(t, l, key).Remaining), m.Step(now, 0).Remaining, "%s: never looser", what)
 					}
 				}
 			})
@@ -253,9 +294,10 @@ func TestBucketRefundSharedKey(t *testing.T) {
 	}
 }
 
-// A key keeps the records of at most 16 refunded grants: a refund of a
-// grant whose record was dropped gives nothing (stricter, never looser),
-// and the state stays bounded whatever the number of grants and refunds.
+// A key keeps at most 16 ranges of given-back positions: past that the
+// lowest goes and a refund of a grant before the horizon gives nothing
+// (stricter than the model, never looser), and the state stays bounded
+// whatever the number of grants and refunds.
 func TestBucketRefundRecordsBounded(t *testing.T) {
 	t.Parallel()
 	for _, alg := range bucketAlgorithms {
@@ -266,28 +308,78 @@ func TestBucketRefundRecordsBounded(t *testing.T) {
 				clock := newClock()
 				l, err := newBucket(alg, b.rdb, 100, PerHour(1), WithClock(clock.Now))
 				require.NoError(t, err)
+				m := newBucketModel(alg, 100, PerHour(1))
+				now := clock.now.UnixMicro()
 				var grants []Grant
+				var ids []int64
 				for range 40 {
 					r, err := l.AllowN(ctx, "k", 2)
 					require.NoError(t, err)
 					require.True(t, r.Allowed)
 					grants = append(grants, r.Grant)
+					ids = append(ids, m.Step(now, 2).GrantID)
 				}
-				for _, g := range grants {
-					require.NoError(t, g.Refund(ctx, 1))
+				refundAll := func(k int) {
+					for i, g := range grants {
+						require.NoError(t, g.Refund(ctx, k))
+						m.(model.Refunder).Refund(now, ids[i], int64(k))
+					}
 				}
+				refundAll(1)
 				require.Equal(t, 60, lookBucket(t, l, "k").Remaining, "40 grants of 2, each gave 1 back")
-				require.LessOrEqual(t, b.rdb.StrLen(ctx, keyPrefix(l)+"k").Val(), int64(600), "the state's records are bounded")
-				for _, g := range grants {
-					require.NoError(t, g.Refund(ctx, 2))
+				require.Equal(t, int64(60), m.Step(now, 0).Remaining, "the model agrees")
+				require.LessOrEqual(t, b.rdb.StrLen(ctx, keyPrefix(l)+"k").Val(), int64(600), "the state's ranges are bounded")
+				refundAll(2)
+				// 40 ranges apart: the 24 lowest went, and the horizon
+				// with them; the last 16 grants each give their second
+				// permit.
+				require.Equal(t, 76, lookBucket(t, l, "k").Remaining, "only grants past the horizon give more")
+				require.Equal(t, int64(100), m.Step(now, 0).Remaining, "the model, unbounded, gives all back")
+				refundAll(2)
+				require.Equal(t, 76, lookBucket(t, l, "k").Remaining, "at most once, ranges or not")
+				for range 3 {
+					clock.Advance(20 * time.Minute)
+					now = clock.now.UnixMicro()
+					got, want := lookBucket(t, l, "k"), m.Step(now, 0)
+					require.LessOrEqual(t, int64(got.Remaining), want.Remaining, "never looser than the model as it drains")
+					require.Equal(t, 24-int(now-epoch.UnixMicro())/3600_000_000, 100-got.Remaining,
+						"the level the horizon kept drains at the rate: %v", got)
 				}
-				// The last 16 grants' records are kept: each gives its
-				// second permit; the 24 before them gave their record up.
-				require.Equal(t, 76, lookBucket(t, l, "k").Remaining, "only grants with a record give more")
-				for _, g := range grants {
-					require.NoError(t, g.Refund(ctx, 2))
+			})
+		})
+	}
+}
+
+// Under WithPrefix, a part of one rate that a refund emptied is dropped by
+// another rate's grant and started again in the same µs: a retry of the
+// refund that emptied it finds a labelling its grant never had, and gives
+// nothing of the new grant.
+func TestBucketRefundPartStartedAgain(t *testing.T) {
+	t.Parallel()
+	for _, alg := range bucketAlgorithms {
+		t.Run(alg, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, b backend) {
+				ctx := context.Background()
+				clock := newClock()
+				opts := []Option{WithPrefix("refund-again:" + alg + ":"), WithClock(clock.Now)}
+				slow, err := newBucket(alg, b.rdb, 5, PerMinute(1), opts...)
+				require.NoError(t, err)
+				fast, err := newBucket(alg, b.rdb, 20, PerMinute(10), opts...)
+				require.NoError(t, err)
+				grant := func(l Limiter) Grant {
+					r, err := l.AllowN(ctx, "k", 1)
+					require.NoError(t, err)
+					require.True(t, r.Allowed)
+					return r.Grant
 				}
-				require.Equal(t, 76, lookBucket(t, l, "k").Remaining, "at most once, records or not")
+				grant(slow)
+				first := grant(fast)
+				require.NoError(t, first.Refund(ctx, 1))
+				grant(slow) // drops the emptied part of the fast rate
+				grant(fast) // starts it again, in the same µs
+				before := lookBucket(t, fast, "k")
+				require.NoError(t, first.Refund(ctx, 1), "the retry")
+				require.Equal(t, before, lookBucket(t, fast, "k"), "at most once: the retry gives nothing of the new grant")
 			})
 		})
 	}

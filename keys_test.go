@@ -149,8 +149,8 @@ var goldenPrefixes = map[string]string{
 	"fw": "redlimit:fw:u7gl87:", // state format 3: a window lasts its stored length; refunds
 	"sw": "redlimit:sw:18mo6n:", // state format 10: the key's time, refunds
 	"sl": "redlimit:sl:bn085k:", // state format 10
-	"lb": "redlimit:lb:aeleqf:", // state format 4: the key's time, parts by rate, refunds
-	"tb": "redlimit:tb:iraf3k:", // state format 4
+	"lb": "redlimit:lb:h5fkuk:", // state format 5: the key's time, parts by rate, refunds by position
+	"tb": "redlimit:tb:p4dc5u:", // state format 5
 }
 
 func must[T any](v T, err error) T {

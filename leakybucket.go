@@ -2,7 +2,7 @@ package redlimit
 
 import "github.com/redis/go-redis/v9"
 
-var leakyBucketScript = loadScript("leakybucket.lua", "gcra.lua")
+var leakyBucketScript = loadScript("leakybucket.lua", "refunds.lua", "gcra.lua")
 
 // LeakyBucket smooths traffic to a steady rate. Its level starts at 0 and
 // drains continuously at the leak rate; a request of n is allowed if level +
@@ -30,7 +30,7 @@ func NewLeakyBucket(rdb redis.Scripter, capacity int, leak Rate, opts ...Option)
 	l, err := buildBucket(rdb, spec{
 		algorithm: "leaky_bucket",
 		code:      "lb",
-		format:    4,
+		format:    5,
 		script:    leakyBucketScript,
 	}, "leak", capacity, leak, opts)
 	if err != nil {

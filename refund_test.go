@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -110,9 +109,10 @@ func TestRefundRetriedAfterLostReply(t *testing.T) {
 	}
 }
 
-// Goroutines of several clients grant and refund on one key: never over
-// the limit, and at rest the key holds what was granted less what was
-// given back.
+// Goroutines of several clients grant and refund on one key, each
+// refunding the grants it holds in any order, in steps, some twice: never
+// over the limit, and at rest the key holds exactly what was granted less
+// what was given back.
 func TestRefundConcurrentExact(t *testing.T) {
 	for _, alg := range refundAlgorithms() {
 		t.Run(alg.name, func(t *testing.T) {
@@ -120,7 +120,7 @@ func TestRefundConcurrentExact(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
 				ctx := context.Background()
 				const clients, goroutines, calls = 3, 6, 30
-				var held, refunded atomic.Int64
+				var taken, refunded atomic.Int64
 				var wg sync.WaitGroup
 				for c := range clients {
 					l, err := alg.new(b.rdb)
@@ -130,8 +130,41 @@ func TestRefundConcurrentExact(t *testing.T) {
 						go func() {
 							defer wg.Done()
 							rng := rand.New(rand.NewPCG(uint64(c*100+g)+testseed.Offset(t), 35))
+							// Grants this goroutine holds, and what it asked
+							// back of each so far: a refund may come long
+							// after its grant, in any order, in steps.
+							type held struct {
+								g     Grant
+								asked int
+							}
+							var mine []held
 							for range calls {
-								r, err := l.AllowN(ctx, "hot", 1+rng.IntN(2))
+								if len(mine) > 0 && rng.IntN(2) == 0 {
+									i := rng.IntN(len(mine))
+									h := &mine[i]
+									k := h.asked + 1 + rng.IntN(h.g.N()-h.asked)
+									// Counted before it is made, and grants
+									// after they are: the count held is then
+									// never above the key's.
+									refunded.Add(int64(k - h.asked))
+									h.asked = k
+									if err := h.g.Refund(ctx, k); err != nil {
+										t.Errorf("Refund: %v", err)
+										return
+									}
+									if rng.IntN(4) == 0 {
+										// A retry gives nothing more.
+										if err := h.g.Refund(ctx, k); err != nil {
+											t.Errorf("Refund again: %v", err)
+											return
+										}
+									}
+									if h.asked == h.g.N() {
+										mine = append(mine[:i], mine[i+1:]...)
+									}
+									continue
+								}
+								r, err := l.AllowN(ctx, "hot", 1+rng.IntN(3))
 								if err != nil {
 									t.Errorf("AllowN: %v", err)
 									return
@@ -139,20 +172,10 @@ func TestRefundConcurrentExact(t *testing.T) {
 								if !r.Allowed {
 									continue
 								}
-								if n := held.Add(int64(r.Grant.N())) - refunded.Load(); n > 10 {
+								if n := taken.Add(int64(r.Grant.N())) - refunded.Load(); n > 10 {
 									t.Errorf("%d permits held at once, limit 10", n)
 								}
-								if rng.IntN(3) > 0 {
-									// Counted before it is made, and grants
-									// after they are: the count held is then
-									// never above the key's.
-									k := 1 + rng.IntN(r.Grant.N())
-									refunded.Add(int64(k))
-									if err := r.Grant.Refund(ctx, k); err != nil {
-										t.Errorf("Refund: %v", err)
-										return
-									}
-								}
+								mine = append(mine, held{g: r.Grant})
 							}
 						}()
 					}
@@ -160,18 +183,10 @@ func TestRefundConcurrentExact(t *testing.T) {
 				wg.Wait()
 				l, err := alg.new(b.rdb)
 				require.NoError(t, err)
-				exact := 10 - (held.Load() - refunded.Load())
+				exact := 10 - (taken.Load() - refunded.Load())
 				got := int64(remaining(t, l, "hot"))
-				if strings.HasSuffix(alg.name, "_bucket") {
-					// A bucket's refund is exact when no other refund came
-					// between its grant and it; else it estimates the slot
-					// its permits hold, stricter (docs/internals.md).
-					require.LessOrEqual(t, got, exact, "never looser: granted %d, given back %d", held.Load(), refunded.Load())
-					require.GreaterOrEqual(t, got, max(0, 10-held.Load()), "refunds give back")
-					return
-				}
 				require.Equal(t, fmt.Sprint(exact), fmt.Sprint(got),
-					"at rest: granted %d, given back %d", held.Load(), refunded.Load())
+					"at rest: granted %d, given back %d", taken.Load(), refunded.Load())
 			})
 		})
 	}
@@ -218,14 +233,6 @@ func TestRefundManyOutOfOrder(t *testing.T) {
 					want += g.N()
 				}
 				got := remaining(t, l, "k")
-				if strings.HasSuffix(alg.name, "_bucket") {
-					// The buckets still keep one record per refunded grant,
-					// 16 at most: a refund behind 16 later ones gives
-					// nothing (docs/internals.md). Never looser.
-					require.GreaterOrEqual(t, got, before)
-					require.LessOrEqual(t, got, want)
-					return
-				}
 				require.Equal(t, want, got, "every one of %d refunds gave back", len(grants))
 			})
 		})

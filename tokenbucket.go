@@ -2,7 +2,7 @@ package redlimit
 
 import "github.com/redis/go-redis/v9"
 
-var tokenBucketScript = loadScript("tokenbucket.lua", "gcra.lua")
+var tokenBucketScript = loadScript("tokenbucket.lua", "refunds.lua", "gcra.lua")
 
 // TokenBucket allows bursts up to its capacity and a steady refill rate
 // beyond. It starts full and refills continuously at the refill rate up to
@@ -30,7 +30,7 @@ func NewTokenBucket(rdb redis.Scripter, capacity int, refill Rate, opts ...Optio
 	l, err := buildBucket(rdb, spec{
 		algorithm: "token_bucket",
 		code:      "tb",
-		format:    4,
+		format:    5,
 		script:    tokenBucketScript,
 	}, "refill", capacity, refill, opts)
 	if err != nil {

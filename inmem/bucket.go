@@ -54,8 +54,8 @@ func NewTokenBucket(capacity int, refill redlimit.Rate, opts ...Option) (*TokenB
 // bucket's missing tokens). The rate count/per µs is reduced and exact in
 // ticks of 1/count µs: one permit is per ticks, a full bucket capacity ×
 // per ticks, and one µs drains count ticks. It keeps what the scripts keep
-// (scripts/gcra.lua, one rate): the key's time, the level then, and what
-// refunds need, so that it decides and refunds as they do.
+// (scripts/gcra.lua, one rate): the key's time, the level then, and the
+// positions refunds need, so that it decides and refunds as they do.
 type bucket struct {
 	algorithm string
 	per       int64 // ticks per permit
@@ -66,20 +66,20 @@ type bucket struct {
 	store     *store[bucketState]
 }
 
+// bucketState is a key's level at its time and, once refunded, its
+// permits' positions: every permit holds a tick position in the order
+// they drain, never reused. At keyUS the drain is at (keyUS + driftUS) µs
+// and driftTicks ticks (0 and 0 until a refund moved it ahead of the
+// clock); the ranges given back (ticks past the drain, sorted, apart) are
+// skipped by it; a grant starting before the horizon gives nothing back.
 type bucketState struct {
-	keyUS   int64 // the key's time: the latest clock a grant read
-	level   int64 // ticks at keyUS
-	shift   int64 // µs refunds moved the grants after theirs earlier, rounded up
-	horizon int64 // grants named at or before it give nothing back
-	refunds []bucketRefund
+	keyUS      int64 // the key's time: the latest clock a grant read
+	level      int64 // ticks at keyUS
+	driftUS    int64
+	driftTicks int64 // in [0, count)
+	horizon    int64 // ticks past the drain; 0: none
+	ranges     []refundRange
 }
-
-// bucketRefund is how many permits a grant's refunds asked for in all.
-type bucketRefund struct{ id, k int64 }
-
-// maxBucketRefunds is the most refunded grants a bucket remembers, as in
-// the script.
-const maxBucketRefunds = 16
 
 var _ engine.Refunder = (*bucket)(nil)
 
@@ -122,7 +122,7 @@ func (b *bucket) AllowN(ctx context.Context, key string, n int) (redlimit.Result
 	}
 	r, resetUS, token := b.decide(&s, now, int64(n))
 	if token != "" {
-		sh.put(b.store, key, e, s, now, resetUS)
+		sh.put(b.store, key, e, s, now, max(resetUS, b.ends(s)))
 	}
 	sh.mu.Unlock()
 	if token != "" {
@@ -162,7 +162,7 @@ func (b *bucket) decide(s *bucketState, now, n int64) (redlimit.Result, int64, s
 	case level+need <= b.full:
 		r.Allowed = true
 		if n > 0 {
-			token = b.grant(s, t, level, need)
+			token = b.grant(s, t, level, need, n)
 			level = s.level
 		}
 	default:
@@ -175,32 +175,67 @@ func (b *bucket) decide(s *bucketState, now, n int64) (redlimit.Result, int64, s
 }
 
 // grant adds need ticks to s at the key's time t, where the level is
-// level, and returns the grant's token: where its permits end on the
-// key's timeline (µs, then "+" the ticks past them) and, once refunded,
-// "." the refunds' shift then, as the scripts write it. A bucket empty for
-// longer than the shift starts afresh: no earlier grant's permits can
-// reach past t.
-func (b *bucket) grant(s *bucketState, t, level, need int64) string {
-	if level == 0 && t >= s.keyUS+ceilDiv(s.level, b.count)+s.shift {
-		*s = bucketState{}
+// level, and returns the grant's token: its permits and where its
+// positions end (µs, then "+" the ticks past them), as the scripts write
+// it. The positions move to t first: the drain's, past what drained and
+// the ranges it skipped, and at least to t when the bucket is empty.
+func (b *bucket) grant(s *bucketState, t, level, need, n int64) string {
+	moved := b.drainedTo(*s, level)
+	pos := (s.driftUS+s.keyUS-t)*b.count + s.driftTicks + moved
+	if level == 0 && pos < 0 {
+		pos = 0
 	}
-	s.keyUS, s.level = t, level+need
-	token := strconv.FormatInt(t+s.level/b.count, 10)
-	if frac := s.level % b.count; frac > 0 {
+	var ranges []refundRange
+	for _, g := range s.ranges {
+		if g.lo > moved {
+			ranges = append(ranges, refundRange{g.lo - moved, g.hi - moved})
+		}
+	}
+	horizon := max(0, s.horizon-moved)
+	*s = bucketState{keyUS: t, level: level + need, horizon: horizon, ranges: ranges}
+	s.driftUS, s.driftTicks = floorDiv(pos, b.count), 0
+	s.driftTicks = pos - s.driftUS*b.count
+	end := s.driftTicks + s.level
+	for _, g := range s.ranges {
+		end += g.hi - g.lo
+	}
+	token := strconv.FormatInt(n, 10) + ":" + strconv.FormatInt(t+s.driftUS+floorDiv(end, b.count), 10)
+	if frac := end - floorDiv(end, b.count)*b.count; frac > 0 {
 		token += "+" + strconv.FormatInt(frac, 10)
-	}
-	if s.shift > 0 {
-		token += "." + strconv.FormatInt(s.shift, 10)
 	}
 	return token
 }
 
+// drainedTo returns how far s's drain moved from its time to where the
+// level is level, in ticks past its drain then: the ticks drained and
+// the ranges given back that it skipped (a range it reaches, whole).
+func (b *bucket) drainedTo(s bucketState, level int64) int64 {
+	pos, left := int64(0), s.level-level
+	for _, g := range s.ranges {
+		if pos+left < g.lo {
+			break
+		}
+		left, pos = left-(g.lo-pos), g.hi
+	}
+	return pos + left
+}
+
+// ends returns the µs from s's time until its drain reaches the end of
+// its positions: a state kept that long reuses none.
+func (b *bucket) ends(s bucketState) int64 {
+	end := s.driftUS*b.count + s.driftTicks + s.level
+	for _, g := range s.ranges {
+		end += g.hi - g.lo
+	}
+	return ceilDiv(max(end, 0), b.count)
+}
+
 // RefundGrant gives back permits of the grant token names on key until k
 // of them in all have been given back, as far as they are still in the
-// bucket: its permits end no sooner than its end less the shift refunds
-// made since, and those after the key's time leave from the last. A
-// clock gone wrong, a grant past the records' horizon or a token this
-// bucket did not make gives nothing back; no error but for bad arguments.
+// bucket (those its positions hold that the drain has not reached), from
+// the last. A clock gone wrong, a grant before the horizon or a token
+// this bucket did not make gives nothing back; no error but for bad
+// arguments.
 func (b *bucket) RefundGrant(ctx context.Context, key, token string, took, k int) error {
 	if err := checkCall(ctx, b.algorithm, key, k); err != nil {
 		return err
@@ -219,68 +254,72 @@ func (b *bucket) RefundGrant(ctx context.Context, key, token string, took, k int
 }
 
 // refund is RefundGrant on s at now; it returns the ticks given back.
+// What of the grant's positions the drain has not reached and no refund
+// gave back leaves the level, from their end, up to the k asked beyond
+// what it gave back before.
 func (b *bucket) refund(s *bucketState, now int64, token string, k int64) int64 {
-	t, wrong, level := b.at(*s, now)
-	end, frac, shift, ok := parseBucketToken(token)
-	if wrong || level == 0 || !ok || shift > s.shift {
+	_, wrong, level := b.at(*s, now)
+	took, endUS, frac, ok := parseBucketToken(token)
+	if wrong || level == 0 || !ok {
 		return 0
 	}
-	id, asked, at := end+shift, int64(0), len(s.refunds)
-	for i, rec := range s.refunds {
-		if rec.id == id {
-			asked, at = rec.k, i
-		}
+	end := (endUS-s.keyUS-s.driftUS)*b.count + frac - s.driftTicks
+	start := end - took*b.per
+	tail := s.level
+	for _, g := range s.ranges {
+		tail += g.hi - g.lo
 	}
-	leftUS := end - (s.shift - shift) - t
-	if id <= s.horizon || k <= asked || leftUS < 0 || leftUS > b.fullUS {
+	moved := b.drainedTo(*s, level)
+	if end <= moved || end > tail || (s.horizon > 0 && start < s.horizon) {
 		return 0
 	}
-	given := min((k-asked)*b.per, level, leftUS*b.count+frac)
-	if given <= 0 {
+	gave, top := int64(0), end
+	for _, g := range s.ranges {
+		if g.lo < end && end <= g.hi {
+			top = max(g.lo, start)
+			gave = end - top
+		}
+	}
+	more := min(k*b.per-gave, top-max(moved, start))
+	if more <= 0 {
 		return 0
 	}
-	s.level -= given
-	s.shift += ceilDiv(given, b.count)
-	if at == len(s.refunds) {
-		s.refunds = append(s.refunds, bucketRefund{id: id})
-	}
-	s.refunds[at].k = k
-	if len(s.refunds) > maxBucketRefunds {
-		// A drained grant's record goes first, else the oldest's, whose
-		// grant and every older one then give nothing.
-		drop := -1
-		for i, rec := range s.refunds {
-			if rec.id-s.shift <= t {
-				drop = i
-			}
-		}
-		if drop < 0 {
-			drop = 0
-			for i, rec := range s.refunds {
-				if rec.id < s.refunds[drop].id {
-					drop = i
-				}
-			}
-			s.horizon = max(s.horizon, s.refunds[drop].id)
-		}
-		s.refunds = append(s.refunds[:drop], s.refunds[drop+1:]...)
-	}
-	return given
+	s.level -= more
+	b.giveRange(s, top-more, top)
+	return more
 }
 
-// parseBucketToken reads a token grant made: "<end>[+<frac>][.<shift>]".
-func parseBucketToken(token string) (end, frac, shift int64, ok bool) {
-	head, shiftText, hasShift := strings.Cut(token, ".")
-	endText, fracText, hasFrac := strings.Cut(head, "+")
+// giveRange records [lo, hi) as given back, merged with the ranges it
+// touches; past maxRefundRanges the lowest goes: the drain moves past it
+// at once (the level stays: the grants before it look drained sooner,
+// stricter) and the horizon rises to its end, as in the scripts.
+func (b *bucket) giveRange(s *bucketState, lo, hi int64) {
+	ranges := mergeRange(s.ranges, lo, hi)
+	if len(ranges) > maxRefundRanges {
+		gone, size := ranges[0], ranges[0].hi-ranges[0].lo
+		ranges = ranges[1:]
+		for i := range ranges {
+			ranges[i] = refundRange{ranges[i].lo - size, ranges[i].hi - size}
+		}
+		s.horizon = max(s.horizon, gone.hi) - size
+		pos := s.driftTicks + size
+		s.driftUS += floorDiv(pos, b.count)
+		s.driftTicks = pos - floorDiv(pos, b.count)*b.count
+	}
+	s.ranges = ranges
+}
+
+// parseBucketToken reads a token grant made: "<took>:<end>[+<frac>]".
+func parseBucketToken(token string) (took, end, frac int64, ok bool) {
+	tookText, rest, ok1 := strings.Cut(token, ":")
+	endText, fracText, hasFrac := strings.Cut(rest, "+")
 	var err1, err2, err3 error
-	end, err1 = strconv.ParseInt(endText, 10, 64)
+	took, err1 = strconv.ParseInt(tookText, 10, 64)
+	end, err2 = strconv.ParseInt(endText, 10, 64)
 	if hasFrac {
-		frac, err2 = strconv.ParseInt(fracText, 10, 64)
+		frac, err3 = strconv.ParseInt(fracText, 10, 64)
 	}
-	if hasShift {
-		shift, err3 = strconv.ParseInt(shiftText, 10, 64)
-	}
-	return end, frac, shift, err1 == nil && err2 == nil && err3 == nil && frac >= 0 && shift >= 0
+	return took, end, frac, ok1 && err1 == nil && err2 == nil && err3 == nil && took > 0 && frac >= 0
 }
 
 // used is the share of the bucket s has in use at t.

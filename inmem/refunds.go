@@ -39,27 +39,34 @@ func (r *refunds) given(first, n int64) (back int64, ok bool) {
 // given back. The ranges are copied first: a state is a value that shares
 // them with the stored one until it is put.
 func (r *refunds) add(lo, hi int64) {
-	ranges := make([]refundRange, 0, len(r.ranges)+1)
+	ranges := mergeRange(r.ranges, lo, hi)
+	if len(ranges) > maxRefundRanges {
+		r.horizon = max(r.horizon, ranges[0].hi)
+		ranges = ranges[1:]
+	}
+	r.ranges = ranges
+}
+
+// mergeRange returns a new slice of ranges with [lo, hi), given back by
+// none before, added and merged with the ranges it touches.
+func mergeRange(ranges []refundRange, lo, hi int64) []refundRange {
+	out := make([]refundRange, 0, len(ranges)+1)
 	placed := false
-	for _, g := range r.ranges {
+	for _, g := range ranges {
 		switch {
 		case g.hi == lo:
 			lo = g.lo
 		case g.lo == hi:
 			hi = g.hi
 		case g.lo > hi && !placed:
-			ranges = append(ranges, refundRange{lo, hi}, g)
+			out = append(out, refundRange{lo, hi}, g)
 			placed = true
 		default:
-			ranges = append(ranges, g)
+			out = append(out, g)
 		}
 	}
 	if !placed {
-		ranges = append(ranges, refundRange{lo, hi})
+		out = append(out, refundRange{lo, hi})
 	}
-	if len(ranges) > maxRefundRanges {
-		r.horizon = max(r.horizon, ranges[0].hi)
-		ranges = ranges[1:]
-	}
-	r.ranges = ranges
+	return out
 }

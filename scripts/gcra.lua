@@ -1,9 +1,10 @@
 -- gcra.lua: the decision of the leaky and the token bucket, joined after
 -- leakybucket.lua or tokenbucket.lua, which set TAG (the state's tag) and
--- WHAT (the bucket's name in errors). A token bucket's missing tokens are
--- a leaky bucket's level, so one rule decides both: the level drains at
--- `count` permits per `per` µs, and n permits are allowed if level + n <=
--- capacity, which then adds n. The level is counted in ticks: a permit is
+-- WHAT (the bucket's name in errors), and refunds.lua (MAX_RANGES and
+-- merge_range). A token bucket's missing tokens are a leaky bucket's
+-- level, so one rule decides both: the level drains at `count` permits
+-- per `per` µs, and n permits are allowed if level + n <= capacity, which
+-- then adds n. The level is counted in ticks: a permit is
 -- `per` ticks and `count` ticks drain a µs, so every value is an integer.
 --
 -- KEYS[1]  the key
@@ -16,17 +17,25 @@
 -- ARGV[5]  count     permits drained (refilled) per period
 -- ARGV[6]  shared    "1" under WithPrefix: the rate is stored
 --
--- All times are integer µs. The state (format 4, docs/internals.md) is a
+-- All times are integer µs. The state (format 5, docs/internals.md) is a
 -- string with a TTL: the key's time r (the latest clock a grant read) and
 -- the level at r in parts, each draining at the rate that granted it, the
--- slowest first; then, once refunded, what refunds need:
---   "<r><level><tag>"                                   this rate only
---   "<r> <level>/<count>/<per>[ ...] [<shift>+<horizon>[ <id>:<k>...]] <tag>"
--- A call decides at the key's time max(now, r). Only grants and refunds
--- write; a grant adds to its own rate's part and never re-rates another.
+-- slowest first; a part that refunds gave back from adds its positions:
+--   "<r><level><tag>"                                         this rate only
+--   "<r> <level>/<count>/<per>[ <e>@<d>[+<f>^<h>][ <lo>:<hi>...]] ... <tag>"
+-- A part's permits hold positions on its own line of ticks, in the order
+-- they drain, never reused: its drain has reached position (r + d) µs and
+-- f ticks at r (no field: the drain is at r), the grants of its labelling e
+-- hold the positions after that, and those refunds gave back are the
+-- ranges [lo, hi) of ticks past the drain, which it skips: what a grant
+-- gave back is the range that ends its positions, and a grant whose
+-- positions start before h gives nothing more. A call decides at the key's
+-- time max(now, r). Only grants and refunds write; a grant adds to its own
+-- rate's part and never re-rates another.
 --
 -- Reply: "allowed remaining retry reset 0 stable[ token]" (µs; retry -1 =
--- never, stable -1 = until reset; the token names a grant, for refunds).
+-- never, stable -1 = until reset; the token names a grant, for refunds:
+-- "<n>:<end>[+<ticks>][.<e>]", where its positions end).
 -- A refund replies "1 remaining 0 reset 0 -1 given".
 
 -- Literal patterns, so that a call does not build them; the tag is
@@ -35,14 +44,15 @@
 local SHORT = '^([1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)([1-9]%d*)(%d)$'
 local LONG = '^([1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) (.-) (%d)$'
 local PART = '^(%d+)/([1-9]%d*)/([1-9]%d*)$'
-local REFUNDS = '^(%d+)%+(%d+)$'
-local RECORD = '^([1-9]%d*):([1-9]%d*)$'
+local LABELS = '^(%d+)@(%-?%d+)%+?(%d*)%^?(%d*)$'
+local RANGE = '^(%d+):([1-9]%d*)$'
+local TOKEN = '^([1-9]%d*):([1-9]%d*)%+?(%d*)%.?(%d*)$'
 -- Formats 2 and 3, released: a time the bucket is empty, and no key time.
 local OLD_WHOLE = '^([1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)(%d)$'
 local OLD_FRACTION = '^([1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)(%d)%+([1-9]%d*)/([1-9]%d*)$'
 local OLD_LONG = '^([1-9]%d+) (%d+) ([1-9]%d*) ([1-9]%d*) ([1-9]%d*) (%d)$'
 local NOT_OURS = 'NOTOURS holds %s, not redlimit state; it was left unchanged'
-local MAX_PARTS, MAX_RECORDS = 2, 16
+local MAX_PARTS = 2
 -- Another rate's level is converted in doubles, rounded up by a margin far
 -- above their error.
 local MARGIN = 1 + 2 ^ -40
@@ -51,6 +61,14 @@ local MARGIN = 1 + 2 ^ -40
 local function ceil_div(a, b)
   local q = (a - a % b) / b
   if q * b < a then q = q + 1 end
+  return q
+end
+
+-- floor_div returns floor(a / b) for integers a (of either sign), b > 0.
+local function floor_div(a, b)
+  local q = math.floor(a / b)
+  while q * b > a do q = q - 1 end
+  while (q + 1) * b <= a do q = q + 1 end
   return q
 end
 
@@ -82,12 +100,19 @@ if not n then
   refund, token = tonumber(refund) or 0, token or ''
 end
 
--- Read the state into r, the parts (level at r in the part's ticks, its
--- count and per), and the refunds' shift, horizon and records. A key
--- without state is a level of 0 at now.
+-- A part's positions: its labelling e, where its drain is at r (d µs
+-- past r and f ticks), the horizon h and the ranges given back, in ticks
+-- past the drain; a part never refunded is labelling 0 with its drain at
+-- r, and nothing else.
+local function fresh_labels(e)
+  return {e = e, d = 0, f = 0, h = 0, ranges = {}}
+end
+
+-- Read the state into r and the parts (level at r in the part's ticks, its
+-- count and per, its positions). A key without state is a level of 0 at
+-- now.
 local r = now
-local level, counts, pers = {}, {}, {}
-local shift, horizon, ids, given_k = 0, 0, nil, nil -- ids: once refunded
+local level, counts, pers, labels = {}, {}, {}, {}
 local value = redis.pcall('GET', KEYS[1])
 local old = false -- format 2 or 3: no key time; the level is taken at now
 if value then
@@ -97,7 +122,7 @@ if value then
   local l, tag, us, num, den, c, p, cap
   r, l, tag = string.match(value, SHORT)
   if r and tag == TAG then
-    level[1], counts[1], pers[1] = l + 0, count, per
+    level[1], counts[1], pers[1], labels[1] = l + 0, count, per, fresh_labels(0)
   else
     -- A released format: the level at now, at the writer's rate, read as
     -- it always was; a level above the writer's full bucket is full.
@@ -123,27 +148,30 @@ if value then
       end
       if l0 > 0 then
         level[1], counts[1], pers[1] = math.min(l0, cap * p), c + 0, p + 0
+        labels[1] = fresh_labels(0)
       end
     else
       local rest
       r, rest, tag = string.match(value, LONG)
       if tag ~= TAG then rest = nil end
       for field in string.gmatch(rest or '', '%S+') do
-        local a, b, d = string.match(field, PART)
-        local i = #level + 1
-        if a and shift == 0 and i <= MAX_PARTS then
-          level[i], counts[i], pers[i] = a + 0, b + 0, d + 0
+        local a, b, d, f, h = string.match(field, PART)
+        local i = #level
+        if a and i < MAX_PARTS then
+          level[i + 1], counts[i + 1], pers[i + 1] = a + 0, b + 0, d + 0
+          labels[i + 1] = fresh_labels(0)
         else
-          a, b = string.match(field, REFUNDS)
-          if a and #level > 0 and shift == 0 and a + 0 > 0 then
-            shift, horizon, ids, given_k = a + 0, b + 0, {}, {}
+          a, d, f, h = string.match(field, LABELS)
+          local at_i = labels[i]
+          if a and at_i and not at_i.read then
+            at_i.e, at_i.d, at_i.f, at_i.h = a + 0, d + 0, tonumber(f) or 0, tonumber(h) or 0
+            at_i.read = true
           else
-            a, b = string.match(field, RECORD)
-            if not a or shift == 0 or #ids == MAX_RECORDS then
+            a, b = string.match(field, RANGE)
+            if not a or not at_i or not at_i.read or #at_i.ranges == MAX_RANGES then
               return not_ours('a value that is not ' .. WHAT)
             end
-            i = #ids + 1
-            ids[i], given_k[i] = a + 0, b + 0
+            at_i.ranges[#at_i.ranges + 1] = {a + 0, b + 0}
           end
         end
       end
@@ -185,6 +213,18 @@ if value and not old then
   if (wrong or empty) and redis.call('PTTL', KEYS[1]) < 0 then
     return not_ours('a value without a TTL')
   end
+end
+
+-- drained_to returns how far part i's drain moved from r to t, in ticks
+-- past its drain at r: the ticks it drained, and the ranges given back
+-- that it skipped on the way (a range the drain reaches is skipped whole).
+local function drained_to(i)
+  local pos, left = 0, level[i] - at[i]
+  for _, range in ipairs(labels[i].ranges) do
+    if pos + left < range[1] then break end
+    left, pos = left - (range[1] - pos), range[2]
+  end
+  return pos + left
 end
 
 -- ticks returns x ticks of part i in this configuration's ticks, rounded
@@ -231,27 +271,54 @@ else
 end
 local granted = allowed == 1 and n > 0
 
+-- rebase returns part i's positions as of t: its drain moved by moved
+-- ticks (the ranges it skipped go), at least to t when the part is
+-- empty, so that positions are never reused.
+local function rebase(i, moved)
+  local old_labels, c = labels[i], counts[i]
+  local new = fresh_labels(old_labels.e)
+  local pos = (old_labels.d + r - t) * c + old_labels.f + moved
+  if at[i] == 0 and pos < 0 then pos = 0 end
+  new.d = floor_div(pos, c)
+  new.f = pos - new.d * c
+  if old_labels.h > moved then new.h = old_labels.h - moved end
+  for _, range in ipairs(old_labels.ranges) do
+    if range[1] > moved then
+      range[1], range[2] = range[1] - moved, range[2] - moved
+      new.ranges[#new.ranges + 1] = range
+    end
+  end
+  return new
+end
+
 -- Apply a grant: the parts at t become the state at r = t; n permits join
--- this rate's part, placed by its rate (slowest first); drained parts go.
--- Three rates merge the two other than this one into the slower of them,
--- so that their permits drain later, never sooner. A bucket empty for
--- longer than the refunds' shift starts afresh: no earlier grant's slot
--- can reach past now any more. (A key of this rate alone takes none of
--- these ways.)
+-- this rate's part, placed by its rate (slowest first), at the end of its
+-- positions; drained parts go. Three rates merge the two other than this
+-- one into the slower of them, so that their permits drain later, never
+-- sooner; a part whose positions start afresh (new, or merged) takes a
+-- labelling none before it had, so that no earlier grant's name can
+-- reach its permits. (A key of this rate alone takes none of these ways.)
+local given, grant_end = 0, nil
 if granted then
-  if used == 0 and t >= drained_at + shift then
-    shift, horizon, ids, given_k = 0, 0, nil, nil
+  local next_e = t
+  for i = 1, #at do
+    next_e = math.max(next_e, labels[i].e + 1)
+    labels[i] = rebase(i, drained_to(i))
   end
   if #at > 1 or not own then
-    local keep_at, keep_counts, keep_pers = {}, {}, {}
+    local keep_at, keep_counts, keep_pers, keep_labels = {}, {}, {}, {}
     for i = 1, #at do
-      if at[i] > 0 or i == own then
+      -- A drained part goes, unless its labelling could be the next one
+      -- (not yet behind the clock): it stays, empty, so that no part of
+      -- its rate starts again under the same name.
+      if at[i] > 0 or i == own or labels[i].e >= t then
         local j = #keep_at + 1
         keep_at[j], keep_counts[j], keep_pers[j] = at[i], counts[i], pers[i]
+        keep_labels[j] = labels[i]
         if i == own then own = j end
       end
     end
-    at, counts, pers = keep_at, keep_counts, keep_pers
+    at, counts, pers, labels = keep_at, keep_counts, keep_pers, keep_labels
     if not own then
       own = #at + 1
       for i = #at, 1, -1 do
@@ -260,6 +327,7 @@ if granted then
       table.insert(at, own, 0)
       table.insert(counts, own, count)
       table.insert(pers, own, per)
+      table.insert(labels, own, fresh_labels(value and next_e or 0))
     end
   end
   at[own] = at[own] + n * per
@@ -268,89 +336,138 @@ if granted then
     local a, b = 1, 2
     if own == 1 then a, b = 2, 3 elseif own == 2 then a, b = 1, 3 end
     at[a] = at[a] + conv(at[b], pers[a], pers[b])
+    labels[a] = fresh_labels(next_e)
+    labels[a].h = at[a]
     table.remove(at, b)
     table.remove(counts, b)
     table.remove(pers, b)
+    table.remove(labels, b)
     if own > b then own = own - 1 end
     used = 0
     for i = 1, #at do used = used + ticks(i, at[i]) end
   end
+  grant_end = at[own]
+  for _, range in ipairs(labels[own].ranges) do
+    grant_end = grant_end + range[2] - range[1]
+  end
   r, level = t, at
 end
 
--- Refund: the grant's permits occupy a slot of the key's timeline that
--- ended at <end> µs and <frac> ticks when granted, with <after> µs of
--- other rates' parts after it and the refunds' shift at <shift>. Refunds
--- since moved it at most shift - <shift> earlier, so it ends no sooner
--- than that much before <end>: what of it lies after t is still counted,
--- and up to k of its permits (less those asked for before) leave this
--- rate's part from its end.
-local given = 0
-if refund and not wrong and own and not old and at[own] > 0 then
-  local e, frac, s, after = string.match(token, '^([1-9]%d*)%+?(%d*)%.?(%d*)%.?(%d*)$')
-  frac, s, after = tonumber(frac) or 0, tonumber(s) or 0, tonumber(after) or 0
-  local id = e and e + s + after
-  ids, given_k = ids or {}, given_k or {}
-  local k, j = refund, #ids + 1
-  for i = 1, #ids do
-    if ids[i] == id then k, j = refund - given_k[i], i end
-  end
-  if e and s <= shift and id > horizon and k > 0 then
-    local left = (e - (shift - s) - t) * count + frac
-    if left > 0 then
-      given = math.min(k * per, left, at[own])
+-- given_back returns what the grant of took permits ending at position
+-- e (ticks past the drain at r) gave back, and the top of what it holds:
+-- refunds give back its last permits first, so what it gave is a range
+-- that ends at e.
+local function given_back(ranges, e, start)
+  for _, range in ipairs(ranges) do
+    if range[1] < e and e <= range[2] then
+      local top = math.max(range[1], start)
+      return e - top, top
     end
   end
-  if given > 0 then
-    level[own] = level[own] - given
-    at[own] = at[own] - given
-    used = used - given
-    shift = shift + ceil_div(given, count)
-    ids[j], given_k[j] = id, refund
-    if #ids > MAX_RECORDS then
-      -- Drop a record of a drained grant if there is one, else the
-      -- oldest, whose grant and every older one then give nothing.
-      local drop
-      for i = 1, #ids do
-        if ids[i] - shift <= t then drop = i end
+  return 0, e
+end
+
+-- give_range records [lo, hi) of part i as given back, merged with the
+-- ranges it touches; past MAX_RANGES the lowest goes: the drain moves
+-- past it at once (the level stays: the grants before it then look
+-- drained sooner, stricter) and the horizon rises to its end, so that no
+-- grant it held gives again.
+local function give_range(i, lo, hi)
+  local own_labels = labels[i]
+  local ranges = merge_range(own_labels.ranges, lo, hi)
+  if #ranges > MAX_RANGES then
+    local gone = table.remove(ranges, 1)
+    local size, c = gone[2] - gone[1], counts[i]
+    own_labels.h = math.max(own_labels.h, gone[2]) - size
+    for _, range in ipairs(ranges) do
+      range[1], range[2] = range[1] - size, range[2] - size
+    end
+    local pos = own_labels.f + size
+    own_labels.d = own_labels.d + floor_div(pos, c)
+    own_labels.f = pos - floor_div(pos, c) * c
+  end
+  own_labels.ranges = ranges
+end
+
+-- Refund: the token names where the grant's positions end (µs and ticks
+-- past them) in its part's labelling. What of them the drain has not
+-- reached and no refund gave back leaves the level, from their end, up to
+-- the k asked beyond what the grant gave back before: the level is then
+-- what it would be had the grant taken that many fewer, as far as they
+-- were still in the bucket (internal/model's queue).
+if refund and not wrong and own and not old and at[own] > 0 then
+  local took, e_us, e_ticks, e = string.match(token, TOKEN)
+  local part = labels[own]
+  if took and (tonumber(e) or 0) == part.e then
+    local e_pos = (e_us - r - part.d) * count + (tonumber(e_ticks) or 0) - part.f
+    local start = e_pos - took * per
+    local tail = level[own]
+    for _, range in ipairs(part.ranges) do tail = tail + range[2] - range[1] end
+    local moved = drained_to(own)
+    if e_pos > moved and e_pos <= tail and (part.h == 0 or start >= part.h) then
+      local gave, top = given_back(part.ranges, e_pos, start)
+      local more = math.min(refund * per - gave, top - math.max(moved, start))
+      if more > 0 then
+        given = more
+        give_range(own, top - more, top)
+        level[own] = level[own] - more
+        at[own] = at[own] - more
+        used = used - more
       end
-      if not drop then
-        drop = 1
-        for i = 2, #ids do
-          if ids[i] < ids[drop] then drop = i end
-        end
-        horizon = math.max(horizon, ids[drop])
-      end
-      table.remove(ids, drop)
-      table.remove(given_k, drop)
     end
   end
 end
 
--- Write: grants (the key lives until every part has drained, on this
--- caller's clock) and refunds (their TTL kept: a refund never shortens it).
+-- never_refunded reports whether a part's positions are those of a part
+-- no refund touched: its drain at r, nothing given back.
+local function never_refunded(part)
+  return part.e == 0 and part.d == 0 and part.f == 0 and part.h == 0 and #part.ranges == 0
+end
+
+-- write_part adds part i to fields as the state writes it: its level and
+-- rate, then its positions once a refund touched them.
+local function write_part(fields, i)
+  local part = labels[i]
+  if never_refunded(part) then
+    fields[#fields + 1] = string.format('%d/%d/%d', level[i], counts[i], pers[i])
+    return
+  end
+  local format = '%d/%d/%d %d@%d+%d^%d'
+  if part.f == 0 and part.h == 0 then format = '%d/%d/%d %d@%d' end
+  fields[#fields + 1] = string.format(format, level[i], counts[i], pers[i],
+    part.e, part.d, part.f, part.h)
+  for _, range in ipairs(part.ranges) do
+    fields[#fields + 1] = string.format('%d:%d', range[1], range[2])
+  end
+end
+
+-- Write: grants (the key lives until every part has drained, and until
+-- the clock reaches the end of every part's positions, on this caller's
+-- clock, so that a key that expires reuses none) and refunds (their TTL
+-- kept: a refund never shortens it, nor moves an end).
 local reset = drain_us(used)
 if granted or given > 0 then
-  if not shared and #level == 1 and own == 1 and shift == 0 then
+  if not shared and #level == 1 and own == 1 and never_refunded(labels[1]) then
     value = string.format('%d%d%s', r, level[1], TAG)
   else
     local fields = {string.format('%d', r)}
     for i = 1, #level do
-      if level[i] > 0 or (i == #level and #fields == 1) then
-        fields[#fields + 1] = string.format('%d/%d/%d', level[i], counts[i], pers[i])
-      end
-    end
-    if shift > 0 then
-      fields[#fields + 1] = string.format('%d+%d', shift, horizon)
-      for i = 1, #ids do
-        fields[#fields + 1] = string.format('%d:%d', ids[i], given_k[i])
+      if level[i] > 0 or i == own or labels[i].e >= r or (i == #level and #fields == 1) then
+        write_part(fields, i)
       end
     end
     fields[#fields + 1] = TAG
     value = table.concat(fields, ' ')
   end
   if granted then
-    redis.call('SET', KEYS[1], value, 'PX', ceil_div(reset, 1000))
+    local ttl = reset
+    for i = 1, #level do
+      local part, ends = labels[i], level[i]
+      for _, range in ipairs(part.ranges) do ends = ends + range[2] - range[1] end
+      ends = part.d * counts[i] + part.f + ends
+      if ends > 0 then ttl = math.max(ttl, ceil_div(ends, counts[i])) end
+    end
+    redis.call('SET', KEYS[1], value, 'PX', ceil_div(ttl, 1000))
   else
     redis.call('SET', KEYS[1], value, 'KEEPTTL')
   end
@@ -358,7 +475,7 @@ end
 
 -- Reply, for this configuration's capacity. A clock gone wrong reads the
 -- bucket full again on the next call, its durations not counting down:
--- stable 0, so that no deny cache keeps the answer.
+-- stable 0, so that no deny cache keeps it.
 local remaining = capacity - ceil_div(used, per)
 if remaining < 0 then remaining = 0 end
 if refund then
@@ -374,26 +491,12 @@ if not granted then
   return string.format('%d %d %d %d 0 %d', allowed, remaining, retry, reset, stable)
 end
 
--- The grant's token: where its slot ends (µs, and ticks past them), the
--- shift, and what of other rates follows it: "<end>[+<frac>][.<shift>[.<after>]]".
-local e, frac, after = t, at[own] % count, 0
-for i = 1, #at do
-  if i < own then
-    e = e + ceil_div(at[i], counts[i])
-  elseif i == own then
-    e = e + (at[i] - frac) / count
-  else
-    after = after + (at[i] - at[i] % counts[i]) / counts[i]
-  end
-end
-if frac == 0 and shift == 0 and after == 0 then
-  return string.format('1 %d 0 %d 0 %d %d', remaining, reset, stable, e)
-end
-local token = string.format('%d', e)
-if frac > 0 then token = token .. string.format('+%d', frac) end
-if after > 0 then
-  token = token .. string.format('.%d.%d', shift, after)
-elseif shift > 0 then
-  token = token .. string.format('.%d', shift)
-end
-return string.format('1 %d 0 %d 0 %d %s', remaining, reset, stable, token)
+-- The grant's token: its permits, where its positions end (µs, and ticks
+-- past them), and its part's labelling when not 0.
+local part = labels[own]
+local pos = part.f + grant_end
+local e_us = r + part.d + floor_div(pos, count)
+local name = string.format('%d:%d', n, e_us)
+if pos % count > 0 then name = name .. string.format('+%d', pos - floor_div(pos, count) * count) end
+if part.e > 0 then name = name .. string.format('.%d', part.e) end
+return string.format('1 %d 0 %d 0 %d %s', remaining, reset, stable, name)

@@ -1,5 +1,6 @@
 -- refunds.lua: what refunds gave back, for the scripts that join it
--- before their own (the fixed and the calendar window; docs/refunds.md).
+-- before their own (the fixed and the calendar window, and the buckets'
+-- merge_range; docs/refunds.md).
 -- Every grant holds positions [first, first + n) of its state, never
 -- reused. The positions given back are kept as ranges [lo, hi), sorted and
 -- apart, in the state's text as "<lo>:<hi>" pairs; touching ranges merge,
@@ -21,10 +22,9 @@ local function read_ranges(text, first, n)
   return ranges, given
 end
 
--- add_range returns ranges with [lo, hi), given back by none before,
--- added and merged with those it touches, each formatted by fmt, and the
--- horizon, raised when the lowest range had to go.
-local function add_range(ranges, lo, hi, horizon, fmt)
+-- merge_range returns ranges with [lo, hi), given back by none before,
+-- added and merged with those it touches, as a new list.
+local function merge_range(ranges, lo, hi)
   local parts, placed = {}, false
   for _, range in ipairs(ranges) do
     if range[2] == lo then
@@ -39,6 +39,14 @@ local function add_range(ranges, lo, hi, horizon, fmt)
     end
   end
   if not placed then parts[#parts + 1] = {lo, hi} end
+  return parts
+end
+
+-- add_range returns ranges with [lo, hi) added (merge_range), each
+-- formatted by fmt, and the horizon, raised when the lowest range had to
+-- go.
+local function add_range(ranges, lo, hi, horizon, fmt)
+  local parts = merge_range(ranges, lo, hi)
   if #parts > MAX_RANGES then
     horizon = math.max(horizon, parts[1][2])
     table.remove(parts, 1)

@@ -13,6 +13,11 @@ import "math/big"
 // the latest time a grant's clock read (DESIGN "A key's time"): a call
 // decides at max(now, that time), and one whose clock is behind it by
 // more than a full drain (C/R) decides at now with the bucket full.
+//
+// Its memory of refunds is unbounded: it is the exact rule. The scripts
+// and inmem keep at most 16 ranges of given-back positions and equal it
+// while they need no more (always, for a bucket of at most 15 permits);
+// past that they are stricter, never looser (docs/internals.md).
 type bucketTimeline struct {
 	capacity *big.Rat // C
 	rate     *big.Rat // R, permits per microsecond
