@@ -135,11 +135,12 @@ local aux, base, C, H, x, g, ranges = nil, 0, 0, 0, 0, 0, nil
 local meta, Ln, Wn, Lm, entries, sig
 if note then
   local note_kind, k, at, d = match(note, NOTE)
-  if note_kind ~= kind or k + 0 >= COUNTS then
+  if note_kind == kind then K = k + 0 end
+  if note_kind ~= kind or K >= COUNTS then
     return redis.error_reply('NOTOURS holds a sorted set that is not sliding state, not ' ..
       'redlimit state; it was left unchanged')
   end
-  K, t = k + 0, at + 0
+  t = at + 0
   T = t - t % P + P - 1
   if d ~= '' then T = t + d end
   local second = rows[2]
