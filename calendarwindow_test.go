@@ -189,8 +189,8 @@ func TestCalendarWindowSteps(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			forEachBackend(t, func(t *testing.T, b backend) {
-				// A step a µs before a period ends leaves the key a TTL of
-				// a µs: in real time, gone before the next step.
+				// Steps a µs before a period's end leave keys of a 1ms
+				// TTL, which a loaded server lets expire between steps.
 				b.keepKeys()
 				runCalendarSteps(t, b.rdb, c.period, c.limit, c.base, c.steps)
 			})

@@ -54,30 +54,62 @@ local TOKEN = '^([1-4]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)%.(%d+)%.([1-9]%d*)$'
 local NOT_OURS = 'NOTOURS holds %s, not redlimit state; it was left unchanged'
 local UNKNOWN_PERIOD_US = 1000000
 
+-- The steps below run top to bottom; Redis builds every function of a
+-- script anew on each call, with every local it uses, so the only
+-- functions are these, which use their arguments alone, and period_of.
+
+-- state_text is the state a grant or a refund writes.
+local function state_text(count, first, state_end, next_pos, floor, records, shared)
+  if records then
+    return string.format('%d %d %d %d %d %s 5', count, first, state_end, next_pos, floor, records)
+  elseif shared then
+    return string.format('%d %d %d 5', count, first, state_end)
+  end
+  return string.format('%d%d5', count, first)
+end
+
+-- remaining_reset returns a reply's Remaining and ResetAfter: the state's,
+-- as n == 0 would see it, with used permits counted until reset_at.
+local function remaining_reset(limit, used, reset_at, t)
+  local remaining, reset = limit - used, 0
+  if remaining < 0 then remaining = 0 end
+  if used > 0 then reset = reset_at - t end
+  return remaining, reset
+end
+
 -- The clock: the caller's, or the server's.
-local now = tonumber(ARGV[1])
-if not now then
+local now = ARGV[1]
+if now == '' then
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
+else
+  now = now + 0
 end
-local refund_k, token = string.match(ARGV[2], '^%-([1-9]%d*):(.+)$')
+local refund_k, token
 local n = 0
+if string.byte(ARGV[2]) == 45 then -- '-': a refund
+  refund_k, token = string.match(ARGV[2], '^%-([1-9]%d*):(.+)$')
+end
 if not refund_k then n = ARGV[2] + 0 end
-local b = {ARGV[3] + 0, ARGV[4] + 0, ARGV[5] + 0, ARGV[6] + 0, ARGV[7] + 0}
 local limit, shared = ARGV[8] + 0, ARGV[9] == '1'
 
--- period_of returns i such that period i, [b[i], b[i+1]), holds t; nil
--- when none of the four does.
+-- period_of returns i, the start and the end of period i, [ARGV[2 + i],
+-- ARGV[3 + i]), that holds t; nil when none of the four does. The host's
+-- period (i = 2, from b1 to b2) holds nearly every call's time: the other
+-- starts are read only when it does not.
+local host_start, host_end = ARGV[4] + 0, ARGV[5] + 0
 local function period_of(t)
-  for i = 1, 4 do
-    if t >= b[i] and t < b[i + 1] then return i end
-  end
-  return nil
+  if t >= host_start and t < host_end then return 2, host_start, host_end end
+  local b0, b3, b4 = ARGV[3] + 0, ARGV[6] + 0, ARGV[7] + 0
+  if t < b0 or t >= b4 then return nil end
+  if t < host_start then return 1, b0, host_start end
+  if t < b3 then return 3, host_end, b3 end
+  return 4, b3, b4
 end
 
 -- The clock's period. It must leave a period after it among those sent,
 -- for the key's time: else Go and the script do not share a calendar.
-local clock_period = period_of(now)
+local clock_period, clock_start, clock_end = period_of(now)
 if not clock_period or clock_period == 4 then
   if refund_k then
     return string.format('1 0 0 %d 0 -1 0', UNKNOWN_PERIOD_US)
@@ -101,11 +133,15 @@ if value then
   count, first = string.match(value, SHORT)
   if count then
     first = first + 0
-    local i = period_of(first)
+    local i, stop = clock_period, clock_end -- most often F's period is the clock's
+    if first < clock_start or first >= clock_end then
+      local _
+      i, _, stop = period_of(first)
+    end
     if i then
-      state_end = b[i + 1]
-    elseif first < b[1] then
-      state_end = b[1] -- over before any period sent began
+      state_end = stop
+    elseif first < ARGV[3] + 0 then
+      state_end = ARGV[3] + 0 -- over before any period sent began
     end
   else
     count, first, state_end = string.match(value, LONG)
@@ -132,10 +168,11 @@ end
 -- counted is ours only if its key has a TTL, as all ours do.
 local t, wrong = now, false
 if first and first > now then
-  if first < b[clock_period + 2] then t = first else wrong = true end
+  local _, _, after_next_end = period_of(clock_end)
+  if first < after_next_end then t = first else wrong = true end
 end
-local period = period_of(t)
-local start, stop = b[period], b[period + 1]
+local period, start, stop = clock_period, clock_start, clock_end
+if t ~= now then period, start, stop = period_of(t) end
 local counted = first ~= nil and (wrong or state_end > start)
 if first and (wrong or not counted) and redis.call('PTTL', KEYS[1]) < 0 then
   return redis.error_reply(string.format(NOT_OURS, 'a value without a TTL'))
@@ -151,44 +188,18 @@ local reset_at = stop
 if counted and not wrong and state_end > stop then
   reset_at = state_end
   for i = period + 1, 5 do
-    if b[i] >= state_end then
-      reset_at = b[i]
+    if ARGV[2 + i] + 0 >= state_end then
+      reset_at = ARGV[2 + i] + 0
       break
     end
   end
-end
-
--- write stores the state, with a TTL to the end of what it counts (ms,
--- rounded up), or keeping the key's TTL when that end has not moved.
-local function write(new_ttl)
-  local text
-  if records then
-    text = string.format('%d %d %d %d %d %s 5', count, first, state_end, next_pos, floor, records)
-  elseif shared then
-    text = string.format('%d %d %d 5', count, first, state_end)
-  else
-    text = string.format('%d%d5', count, first)
-  end
-  if new_ttl then
-    redis.call('SET', KEYS[1], text, 'PX', math.ceil((state_end - now) / 1000))
-  else
-    redis.call('SET', KEYS[1], text, 'KEEPTTL')
-  end
-end
-
--- reply_state is the end of a reply: the state as n == 0 would see it.
-local function reply_state(allowed, retry)
-  local remaining, reset = limit - used, 0
-  if remaining < 0 then remaining = 0 end
-  if used > 0 then reset = reset_at - t end
-  return string.format('%d %d %d %d 0 -1', allowed, remaining, retry, reset)
 end
 
 -- A refund: of a grant this state counts, in the key's period, and not
 -- before the floor, up to what it took; at most once. The grant holds
 -- positions [pos, pos + took); what it gave back is the start of them that
 -- a range of given-back positions covers (only its refunds touch them),
--- and what it gives now joins that range.
+-- and what it gives now joins that range. The state keeps its TTL.
 if refund_k then
   local given = 0
   local grant_first, pos, took = string.match(token, TOKEN)
@@ -204,33 +215,34 @@ if refund_k then
         local parts
         parts, floor = add_range(ranges, pos + had, pos + had + given, floor, '%d:%d')
         records = table.concat(parts, ',')
-        write(false)
+        redis.call('SET', KEYS[1],
+          state_text(count, first, state_end, next_pos, floor, records, shared), 'KEEPTTL')
       else
         given = 0
       end
     end
   end
-  return reply_state(1, 0) .. ' ' .. given
+  local remaining, reset = remaining_reset(limit, used, reset_at, t)
+  return string.format('1 %d 0 %d 0 -1 %d', remaining, reset, given)
 end
 
 -- Decide.
-local allowed, retry = 0, 0
-if n > limit then
-  retry = -1
-elseif n == 0 then
-  allowed = 1
-elseif used + n <= limit then
-  allowed = 1
-else
-  retry = reset_at - t
-end
-if allowed == 0 or n == 0 then
-  return reply_state(allowed, retry)
+if n > limit or n == 0 or used + n > limit then
+  local allowed, retry = 0, reset_at - t
+  if n > limit then
+    retry = -1
+  elseif n == 0 then
+    allowed, retry = 1, 0
+  end
+  local remaining, reset = remaining_reset(limit, used, reset_at, t)
+  return string.format('%d %d %d %d 0 -1', allowed, remaining, retry, reset)
 end
 
 -- Apply and write a grant: a new state in the key's period (carrying
 -- what a state ahead of a clock gone wrong held), or more on the one
--- counted, whose end moves to this period's if it was sooner.
+-- counted, whose end moves to this period's if it was sooner. The TTL
+-- runs to the end of what the state counts (ms, rounded up); the key keeps
+-- its TTL when that end has not moved.
 local new_ttl = false
 if not counted or wrong then
   first, state_end, next_pos, floor, records, new_ttl = t, stop, used, 0, nil, true
@@ -241,5 +253,11 @@ end
 local pos = next_pos
 count = count + n
 next_pos, used = pos + n, count
-write(new_ttl)
-return reply_state(1, 0) .. string.format(' %d.%d.%d', first, pos, n)
+local text = state_text(count, first, state_end, next_pos, floor, records, shared)
+if new_ttl then
+  redis.call('SET', KEYS[1], text, 'PX', math.ceil((state_end - now) / 1000))
+else
+  redis.call('SET', KEYS[1], text, 'KEEPTTL')
+end
+local remaining, reset = remaining_reset(limit, used, reset_at, t)
+return string.format('1 %d 0 %d 0 -1 %d.%d.%d', remaining, reset, first, pos, n)

@@ -55,14 +55,19 @@ end
 -- steps used once are not functions.
 
 -- The clock: the caller's, or the server's.
-local now = tonumber(ARGV[1])
-if not now then
+local now = ARGV[1]
+if now == '' then
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
+else
+  now = now + 0
 end
 local limit, window = ARGV[3] + 0, ARGV[4] + 0
-local refund_k, token = string.match(ARGV[2], '^%-([1-9]%d*):(.*)$')
+local refund_k, token
 local n = 0
+if string.byte(ARGV[2]) == 45 then -- '-': a refund
+  refund_k, token = string.match(ARGV[2], '^%-([1-9]%d*):(.*)$')
+end
 if not refund_k then n = ARGV[2] + 0 end
 
 -- Read the state: count, start, len, and what refunds gave back (given,
@@ -181,7 +186,6 @@ if remaining < 0 then remaining = 0 end
 if open or granted then reset = start + len - t end
 if moved then stable = 0 end
 if granted then
-  return string.format('%d %d %d %d 0 %d %d.%d.%d', allowed, remaining, retry, reset, stable,
-    start, count + given, n)
+  return string.format('1 %d 0 %d 0 %d %d.%d.%d', remaining, reset, stable, start, count + given, n)
 end
 return string.format('%d %d %d %d 0 %d', allowed, remaining, retry, reset, stable)
