@@ -13,7 +13,8 @@ package redlimit
 //     sends (decisions by key, NOSCRIPT answers, dials);
 //   - keepTTL, a go-redis hook keeping the keys of a fake-clock trace alive
 //     on a real server;
-//   - RecommendedOptions, the go-redis options of a client that fails fast;
+//   - RecommendedOptions, the go-redis options of a client that fails fast,
+//     and patientClient, one that fails only at its calls' ctx deadlines;
 //   - deadRedis, a client of a Redis that is not there.
 //
 // Tests that kill, stop or reconfigure a server start their own
@@ -251,6 +252,19 @@ func RecommendedOptions(addr string) *redis.Options {
 // closed when t ends.
 func recommendedClient(t testing.TB, addr string) *redis.Client {
 	rdb := redis.NewClient(RecommendedOptions(addr))
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// patientClient returns a client of addr with RecommendedOptions but the
+// client timeouts of slowMachine, closed when t ends: for a fault test
+// whose failures come from the calls' own ctx deadlines (which the
+// recommended options honour) or from a refused connection, and whose
+// successes must come however long a loaded machine takes to answer.
+func patientClient(t testing.TB, addr string) *redis.Client {
+	o := RecommendedOptions(addr)
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = slowMachine, slowMachine, slowMachine, slowMachine
+	rdb := redis.NewClient(o)
 	t.Cleanup(func() { rdb.Close() })
 	return rdb
 }
