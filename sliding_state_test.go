@@ -445,7 +445,7 @@ func TestSlidingCountWraps(t *testing.T) {
 			t.Skip("limits of 2^38 and 2^40 need a 64-bit int")
 		}
 		if be.mini != nil {
-			skipShort(t, "16,386 script calls on miniredis's Lua; the real server runs them under -short")
+			skipShort(t, "16,386 script calls on miniredis's Lua")
 		}
 		clock, opts := prefixClock(be, "wrap")
 		shift := 38 // not a constant: a 32-bit build compiles this test too
