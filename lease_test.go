@@ -176,7 +176,7 @@ func TestConcurrencyHoldersNeverExceedLimit(t *testing.T) {
 							// Real time: the holders below hold in real
 							// time, and the leases last a minute, so a
 							// loaded machine only slows the churn.
-							time.Sleep(time.Duration(r.IntN(500)) * us)
+							time.Sleep(time.Duration(r.IntN(500)) * us) // a denied caller's back-off
 							continue
 						}
 						granted.Add(1)
