@@ -409,6 +409,8 @@ func TestDenyCacheSlowRequest(t *testing.T) {
 		ctx := context.Background()
 		slow := redis.NewClient(b.rdb.Options())
 		t.Cleanup(func() { slow.Close() })
+		// Real time, as the limiter's clock is: a loaded machine only adds
+		// to the delay, which makes Redis's later answer shorter still.
 		slow.AddHook(beforeDecision{func() { time.Sleep(20 * time.Millisecond) }})
 		prefix := fmt.Sprintf("slow:%d:", time.Now().UnixNano())
 		cached, err := NewTokenBucket(slow, 1, PerSecond(1), WithPrefix(prefix), WithDenyCache(8))

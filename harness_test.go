@@ -13,7 +13,8 @@ package redlimit
 //     sends (decisions by key, NOSCRIPT answers, dials);
 //   - keepTTL, a go-redis hook keeping the keys of a fake-clock trace alive
 //     on a real server;
-//   - RecommendedOptions, the go-redis options of a client that fails fast;
+//   - RecommendedOptions, the go-redis options of a client that fails fast,
+//     and patientClient, one that fails only at its calls' ctx deadlines;
 //   - deadRedis, a client of a Redis that is not there.
 //
 // Tests that kill, stop or reconfigure a server start their own
@@ -193,13 +194,21 @@ func (b backend) keepKeys() {
 // when redis-server is not on PATH). Every script behaviour is checked on
 // both. fn may write any key and fast-forward the miniredis: nothing else
 // sees them.
+//
+// Under -short, with redis-server on PATH, fn runs on the real server
+// only: miniredis's Lua (gopher-lua, a new interpreter for every script
+// call) took 70% of the package's CPU under -short, and the server matrix
+// runs -short once per server, each time on the same miniredis. The full
+// suite runs both; without redis-server, -short runs on miniredis.
 func forEachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
 	t.Helper()
-	t.Run("miniredis", func(t *testing.T) {
-		t.Parallel()
-		m := miniredis.RunT(t)
-		fn(t, backend{name: "miniredis", rdb: newMiniClient(t, m), mini: m})
-	})
+	if !testing.Short() || !redistest.Available() {
+		t.Run("miniredis", func(t *testing.T) {
+			t.Parallel()
+			m := miniredis.RunT(t)
+			fn(t, backend{name: "miniredis", rdb: newMiniClient(t, m), mini: m})
+		})
+	}
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
 		addr, db := redistest.DB(t)
@@ -251,6 +260,19 @@ func RecommendedOptions(addr string) *redis.Options {
 // closed when t ends.
 func recommendedClient(t testing.TB, addr string) *redis.Client {
 	rdb := redis.NewClient(RecommendedOptions(addr))
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// patientClient returns a client of addr with RecommendedOptions but the
+// client timeouts of slowMachine, closed when t ends: for a fault test
+// whose failures come from the calls' own ctx deadlines (which the
+// recommended options honour) or from a refused connection, and whose
+// successes must come however long a loaded machine takes to answer.
+func patientClient(t testing.TB, addr string) *redis.Client {
+	o := RecommendedOptions(addr)
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = slowMachine, slowMachine, slowMachine, slowMachine
+	rdb := redis.NewClient(o)
 	t.Cleanup(func() { rdb.Close() })
 	return rdb
 }

@@ -173,14 +173,17 @@ func TestConcurrencyHoldersNeverExceedLimit(t *testing.T) {
 							if !errors.Is(err, ErrAcquireFailed) {
 								errs <- err
 							}
-							time.Sleep(time.Duration(r.IntN(500)) * us)
+							// Real time: the holders below hold in real
+							// time, and the leases last a minute, so a
+							// loaded machine only slows the churn.
+							time.Sleep(time.Duration(r.IntN(500)) * us) // a denied caller's back-off
 							continue
 						}
 						granted.Add(1)
 						now := inFlight.Add(1)
 						for seen := most.Load(); now > seen && !most.CompareAndSwap(seen, now); seen = most.Load() {
 						}
-						time.Sleep(time.Duration(r.IntN(2000)) * us)
+						time.Sleep(time.Duration(r.IntN(2000)) * us) // a holder's work, far inside its minute's lease
 						inFlight.Add(-1)
 						if err := lease.Release(ctx); err != nil {
 							errs <- err

@@ -30,6 +30,7 @@ func TestTypedDenials(t *testing.T) {
 	for _, a := range algorithms {
 		t.Run(a.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
+				b.keepKeys() // a fake clock: its TTLs, seconds at most, would pass in real time
 				ctx := context.Background()
 				clock := newClock()
 				l, err := a.new(b.rdb, 3, 10*time.Second, WithClock(clock.Now))

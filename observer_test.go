@@ -59,6 +59,7 @@ func TestObserver(t *testing.T) {
 	for _, alg := range algorithms {
 		t.Run(alg.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
+				b.keepKeys() // a fake clock: its TTLs, seconds at most, would pass in real time
 				log := &decisionLog{}
 				clock := newClock()
 				l, err := alg.new(b.rdb, 3, 10*time.Second, WithClock(clock.Now), WithObserver(log.observe))

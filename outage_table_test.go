@@ -276,6 +276,7 @@ func measureOutage(t *testing.T, srv *redistest.Server, proxy *faultproxy.Proxy,
 			break
 		}
 		var unavailable interface{ RetryAfter() time.Duration }
+		// Polling a real recovery, which the table measures in real time.
 		if errors.As(err, &unavailable) {
 			time.Sleep(time.Millisecond)
 		} else {

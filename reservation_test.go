@@ -155,18 +155,25 @@ func bucketAllowed(limit, stepsPer, from, to int) int {
 // no span of steps gets more than the algorithm grants a single caller,
 // and the processes still get close to the limit.
 func TestReservationNeverExceedsTheLimit(t *testing.T) {
+	t.Parallel()
 	for _, alg := range reservedAlgorithms {
 		t.Run(alg.name, func(t *testing.T) {
+			t.Parallel()
 			forEachBackend(t, func(t *testing.T, b backend) {
 				period := alg.period
 				const (
 					limit      = 100
 					stepsPer   = 10
-					steps      = 40
 					processes  = 4
 					goroutines = 16 // per process
-					calls      = 4  // per goroutine per step
 				)
+				// Two periods under -short cross a window's and a day's
+				// end; the full suite's four also see the sliding log's
+				// second limit (2 × limit per ten periods) bind.
+				steps := shortOr(2*stepsPer, 4*stepsPer)
+				// Calls per goroutine per step: either way many times the
+				// permits a step regains, on many goroutines at once.
+				calls := shortOr(2, 4)
 				clock := newAtomicClock()
 				var ls []reserving
 				for p := 0; p < processes; p++ {
@@ -324,12 +331,12 @@ func TestReservationNotBusy(t *testing.T) {
 		t.Run(alg.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, b backend) {
 				rec := &commandRecorder{}
-				rdb := sameServer(t, b)
+				rdb, otherRdb := sameServer(t, b), sameServer(t, b)
 				rdb.AddHook(rec)
 				clock := newAtomicClock()
 				a, err := alg.new(rdb, 1000, reservePeriod, WithClock(clock.Now), WithReservation(64, time.Minute))
 				require.NoError(t, err)
-				other, err := alg.new(sameServer(t, b), 1000, reservePeriod, WithClock(clock.Now))
+				other, err := alg.new(otherRdb, 1000, reservePeriod, WithClock(clock.Now))
 				require.NoError(t, err)
 				for i := 0; i < 50; i++ {
 					res, err := a.Allow(context.Background(), "calm")

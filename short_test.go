@@ -2,9 +2,10 @@ package redlimit
 
 import "testing"
 
-// go test -short ./... is the quick run while working: unit tests, the
-// miniredis tests and a real-Redis check of every algorithm. go test ./...
-// (and CI) runs everything, the tests below included.
+// go test -short ./... is the quick run while working: unit tests, and
+// every script test on one server (forEachBackend: the real redis-server
+// when it is on PATH, else miniredis). go test ./... (and CI) runs
+// everything: the script tests on both, and the tests below.
 
 // skipShort skips a slow test under -short, saying why it is slow.
 func skipShort(t testing.TB, why string) {

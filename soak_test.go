@@ -165,7 +165,7 @@ func TestSoak(t *testing.T) {
 		sets[0] = append(sets[0], l)
 	}
 	require.NoError(t, admin.FlushAll(ctx).Err())
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // Redis frees memory in real time; a baseline, not a check
 	baseline := relInfoInt(t, admin, "memory", "used_memory")
 
 	keyName := func(i int) string {
@@ -237,6 +237,7 @@ func TestSoak(t *testing.T) {
 	// While it runs: no key without a TTL, and how big Redis gets.
 	var peakKeys, peakMemory int64
 	for time.Since(started) < duration {
+		// The soak runs for real time (REDLIMIT_SOAK); these are its checkpoints.
 		time.Sleep(min(5*time.Second, duration-time.Since(started)+time.Millisecond))
 		soakRequireTTLs(t, admin, 500)
 		peakKeys = max(peakKeys, admin.DBSize(ctx).Val())
@@ -299,11 +300,16 @@ func TestSoak(t *testing.T) {
 	for _, s := range specs {
 		longest = max(longest, s.alg.recovery(s.period))
 	}
+	// Real Redis TTLs expire in real time: this is what the soak checks.
+	// Redis expires keys in a background cycle that a loaded machine
+	// slows, so the minute after the last TTL only stops a key that never
+	// expires.
 	time.Sleep(longest)
-	deadline := time.Now().Add(10 * time.Second)
+	const expiryGrace = time.Minute
+	deadline := time.Now().Add(expiryGrace)
 	for admin.DBSize(ctx).Val() > 0 {
-		require.True(t, time.Now().Before(deadline), "%d keys still in Redis %v after the last TTL: some key never expires", admin.DBSize(ctx).Val(), 10*time.Second)
-		time.Sleep(50 * time.Millisecond)
+		require.True(t, time.Now().Before(deadline), "%d keys still in Redis %v after the last TTL: some key never expires", admin.DBSize(ctx).Val(), expiryGrace)
+		time.Sleep(50 * time.Millisecond) // polling: nothing signals an expiry
 	}
 	used := relInfoInt(t, admin, "memory", "used_memory")
 	t.Logf("after the TTLs: 0 keys, %d KiB used (baseline %d KiB, peak %d KiB)", used>>10, baseline>>10, peakMemory>>10)

@@ -59,7 +59,8 @@ func TestClientDeadlinesCannotOpenTheBreaker(t *testing.T) {
 		for _, failClosed := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/failClosed=%v", name, failClosed), func(t *testing.T) {
 				addr, opts := backend(t)
-				client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+				client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1,
+					DialTimeout: time.Minute, ReadTimeout: time.Minute, WriteTimeout: time.Minute, PoolTimeout: time.Minute})
 				t.Cleanup(func() { client.Close() })
 				var opened atomic.Int32
 				breaker, err := redlimit.NewBreaker(redlimit.BreakerConfig{OnChange: func(_, to redlimit.BreakerState, err error) {
@@ -71,9 +72,10 @@ func TestClientDeadlinesCannotOpenTheBreaker(t *testing.T) {
 				require.NoError(t, err)
 				l, err := redlimit.NewFixedWindow(client, 5, time.Minute, append(opts, redlimit.WithBreaker(breaker))...)
 				require.NoError(t, err)
-				// A decision deadline far above what a loaded test machine
-				// needs, so that only the clients' deadlines could fail calls.
-				grpcOpts := []Option{WithKeyFunc(Metadata("x-client")), WithTimeout(5 * time.Second)}
+				// A decision deadline and client timeouts far above what a
+				// loaded test machine needs, so that only the attackers'
+				// deadlines could fail calls.
+				grpcOpts := []Option{WithKeyFunc(Metadata("x-client")), WithTimeout(time.Minute)}
 				if failClosed {
 					grpcOpts = append(grpcOpts, WithFailClosed())
 				}
@@ -98,7 +100,7 @@ func TestClientDeadlinesCannotOpenTheBreaker(t *testing.T) {
 				codesSeen := map[codes.Code]int{}
 				for range 20 {
 					codesSeen[status.Code(call(interceptor, "honest", 0))]++
-					time.Sleep(2 * time.Millisecond) // spread over the attack
+					time.Sleep(2 * time.Millisecond) // spread over the attack: pacing, which no assertion times
 				}
 				close(stop)
 				wg.Wait()

@@ -43,13 +43,15 @@ func TestMiddlewareClientDeadlinesCannotOpenTheBreaker(t *testing.T) {
 	backends := map[string]func(t *testing.T) (*redis.Client, []redlimit.Option){
 		"miniredis": func(t *testing.T) (*redis.Client, []redlimit.Option) {
 			env := redlimittest.New(t)
-			client := redis.NewClient(&redis.Options{Addr: env.Server().Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+			client := redis.NewClient(&redis.Options{Addr: env.Server().Addr(), ContextTimeoutEnabled: true, MaxRetries: -1,
+				DialTimeout: time.Minute, ReadTimeout: time.Minute, WriteTimeout: time.Minute, PoolTimeout: time.Minute})
 			t.Cleanup(func() { client.Close() })
 			return client, env.Options()
 		},
 		"redis-server": func(t *testing.T) (*redis.Client, []redlimit.Option) {
 			srv := redistest.Start(t)
-			client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+			client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1,
+				DialTimeout: time.Minute, ReadTimeout: time.Minute, WriteTimeout: time.Minute, PoolTimeout: time.Minute})
 			t.Cleanup(func() { client.Close() })
 			return client, nil
 		},
@@ -68,9 +70,10 @@ func TestMiddlewareClientDeadlinesCannotOpenTheBreaker(t *testing.T) {
 				require.NoError(t, err)
 				l, err := redlimit.NewFixedWindow(client, 5, time.Minute, append(opts, redlimit.WithBreaker(breaker))...)
 				require.NoError(t, err)
-				// A decision deadline far above what a loaded test machine
-				// needs, so that only the clients' deadlines could fail calls.
-				mwOpts := []Option{WithKeyFunc(Header("X-Client")), WithTimeout(5 * time.Second)}
+				// A decision deadline and client timeouts far above what a
+				// loaded test machine needs, so that only the attackers'
+				// deadlines could fail calls.
+				mwOpts := []Option{WithKeyFunc(Header("X-Client")), WithTimeout(time.Minute)}
 				if failClosed {
 					mwOpts = append(mwOpts, WithFailClosed())
 				}
@@ -104,7 +107,7 @@ func TestMiddlewareClientDeadlinesCannotOpenTheBreaker(t *testing.T) {
 					rec := httptest.NewRecorder()
 					h.ServeHTTP(rec, req)
 					codes[rec.Code]++
-					time.Sleep(2 * time.Millisecond) // spread over the attack
+					time.Sleep(2 * time.Millisecond) // spread over the attack: pacing, which no assertion times
 				}
 				close(stop)
 				wg.Wait()

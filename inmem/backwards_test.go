@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -72,6 +71,7 @@ func TestClockBackAfterLook(t *testing.T) {
 // sliding log takes back the buckets it had let go; a bucket's level rises
 // as the clock goes back, up to full.
 func TestDifferentialClockBackwards(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	seeds := 40
 	if testing.Short() {
@@ -145,9 +145,8 @@ func modelResult(m model.Result) redlimit.Result {
 // in real time (within the traces' milliseconds, on a real server, keys
 // would expire while the fake clock still counts on them).
 func TestClockBackwardsAgreesWithScripts(t *testing.T) {
-	srv := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), DisableIdentity: true, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { rdb.Close() })
+	t.Parallel()
+	rdb := miniClient(t)
 	ctx := context.Background()
 	seeds, steps := 8, 500
 	if testing.Short() {

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit"
@@ -21,9 +19,9 @@ import (
 // on the Redis bucket of the same configuration give the same Result at
 // every step.
 func TestBucketRefundsAgreeWithScripts(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	srv := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), DisableIdentity: true})
+	rdb := miniClient(t)
 	offset := testseed.Offset(t)
 	for c := range 8 {
 		seed := uint64(c) + offset

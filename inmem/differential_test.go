@@ -116,6 +116,7 @@ func timeStep(rng *rand.Rand, scale time.Duration) time.Duration {
 // step, to the microsecond. The seeds and steps are the root package's,
 // and more configurations, since a step costs nanoseconds here.
 func TestDifferential(t *testing.T) {
+	t.Parallel()
 	configs, steps := 40, 3000
 	if testing.Short() { // the root package's configurations only
 		configs = 4

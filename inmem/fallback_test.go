@@ -2,11 +2,14 @@ package inmem
 
 import (
 	"context"
+	"net"
 	"os"
+	"runtime/debug"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 	"github.com/stretchr/testify/require"
@@ -16,9 +19,31 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// miniredis runs gopher-lua, which builds a new Lua state for every
+	// script call: at the default GOGC, collecting them takes about half
+	// the CPU of the tests that check the in-process limiters against the
+	// scripts.
+	debug.SetGCPercent(400)
 	code := m.Run()
 	redistest.Shutdown()
 	os.Exit(code)
+}
+
+// miniClient returns a client, closed when t ends, of a miniredis of its
+// own that it talks to over in-memory pipes (m.Dial) rather than TCP: the
+// same commands and replies without a socket's system calls. Its timeouts
+// are a minute: the traces check Results, which a loaded machine must not
+// turn into i/o timeouts.
+func miniClient(t *testing.T) *redis.Client {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{
+		Addr:            m.Addr(),
+		Dialer:          func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
+		DisableIdentity: true, MaxRetries: -1,
+		ReadTimeout: time.Minute, WriteTimeout: time.Minute, PoolTimeout: time.Minute,
+	})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
 }
 
 // TestFallbackDecidesWhileRedisIsDown kills a real Redis under a limiter

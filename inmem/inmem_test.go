@@ -25,6 +25,7 @@ import (
 // burst a key can give at one instant), and never a wait longer than the
 // configuration allows.
 func TestClockBackwards(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(9, 9))
 	for c := range 10 {

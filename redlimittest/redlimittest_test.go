@@ -149,7 +149,7 @@ func (s slowServer) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (s slowServer) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		time.Sleep(s.delay)
+		time.Sleep(s.delay) // real time, as the middleware's deadline is; load only adds to it
 		return next(ctx, cmd)
 	}
 }

@@ -24,6 +24,9 @@ type Proxy struct {
 	delay time.Duration // added to every reply chunk read from the target
 	drop  bool          // reply chunks are read from the target and discarded
 	conns map[*link]struct{}
+	// queued, when set, is called with each reply chunk's delay once the
+	// chunk is queued for delivery: a test's sign that a reply is held.
+	queued func(delay time.Duration)
 
 	wg sync.WaitGroup // the accept loop and every pipe goroutine
 }
@@ -163,10 +166,13 @@ func (p *Proxy) readReplies(l *link, out chan<- chunk) {
 		n, err := l.server.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			delay, drop := p.delay, p.drop
+			delay, drop, queued := p.delay, p.drop, p.queued
 			p.mu.Unlock()
 			if !drop {
 				out <- chunk{data: buf[:n], due: time.Now().Add(delay)}
+				if queued != nil {
+					queued(delay)
+				}
 			}
 		}
 		if err != nil {

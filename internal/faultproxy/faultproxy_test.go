@@ -90,9 +90,24 @@ func TestProxy(t *testing.T) {
 	require.Equal(t, "new", reply, "new connections are accepted after a cut")
 
 	p.SetDelay(time.Hour)
+	held := make(chan struct{}, 1)
+	p.mu.Lock()
+	p.queued = func(delay time.Duration) {
+		if delay == time.Hour {
+			select {
+			case held <- struct{}{}:
+			default:
+			}
+		}
+	}
+	p.mu.Unlock()
 	_, err = io.WriteString(c2, "pending\n")
 	require.NoError(t, err)
-	time.Sleep(50 * time.Millisecond)
+	select {
+	case <-held: // the reply is queued, an hour from delivery
+	case <-time.After(30 * time.Second): // only a hung test gets here
+		t.Fatal("the echo server's reply never reached the proxy")
+	}
 	done := make(chan error)
 	go func() { done <- p.Close() }()
 	select {

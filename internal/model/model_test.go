@@ -385,8 +385,12 @@ func saturate(t *testing.T, m Model, endUS int64) []int64 {
 // exactly, every second, over 1000 seconds. The buckets have capacity 3 so
 // that they never run empty and the schedule is exactly ceil(j * 10^6 / 3).
 func TestExactRates(t *testing.T) {
+	t.Parallel()
 	const second = 1_000_000
-	const seconds = 1000
+	seconds := 1000
+	if testing.Short() {
+		seconds = 200 // the sliding log's 60s window slides three times over; go test ./... runs 1000
+	}
 	models := map[string]Model{
 		"FixedWindow":   NewFixedWindow(3, second),
 		"SlidingWindow": NewSlidingWindow(3, second, 1000),
@@ -396,7 +400,7 @@ func TestExactRates(t *testing.T) {
 	}
 	for name, m := range models {
 		t.Run(name, func(t *testing.T) {
-			grants := saturate(t, m, (seconds+1)*second)
+			grants := saturate(t, m, int64(seconds+1)*second)
 			perSecond := make([]int, seconds+1)
 			for _, g := range grants {
 				perSecond[g/second]++
@@ -406,10 +410,10 @@ func TestExactRates(t *testing.T) {
 				require.Equal(t, 3, perSecond[s], "second %d", s)
 				total += perSecond[s]
 			}
-			require.Equal(t, 3000, total)
+			require.Equal(t, 3*seconds, total)
 			if name == "LeakyBucket" || name == "TokenBucket" {
 				require.Equal(t, 5, perSecond[0]) // burst of 3, then 1/3 s and 2/3 s
-				for j := int64(1); j <= 3*seconds; j++ {
+				for j := int64(1); j <= 3*int64(seconds); j++ {
 					require.Equal(t, (j*second+2)/3, grants[j+2], "grant %d", j) // ceil(j*10^6/3)
 				}
 			}
@@ -531,6 +535,7 @@ func bucketOf(m Model) *bucketTimeline {
 // RetryAfter and allowed at RetryAfter, ResetAfter is exact, and denied
 // requests consume nothing.
 func TestRandomProperties(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	finiteDenials := map[string]int{}
 	traces := 60
@@ -623,8 +628,9 @@ func TestRandomProperties(t *testing.T) {
 // TestLeakyEqualsToken checks that the level view and the tokens view give
 // identical Results for the same traces, including backwards clocks.
 func TestLeakyEqualsToken(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(3, 4))
-	for range 300 {
+	for range shortOr(60, 300) {
 		C, count, per := rng.Int64N(8), 1+rng.Int64N(9), 1+rng.Int64N(5000)
 		leaky, token := NewLeakyBucket(C, count, per), NewTokenBucket(C, count, per)
 		for i, c := range randomTrace(rng, 300, 2*per/count+1, C+2) {
@@ -641,8 +647,9 @@ func TestLeakyEqualsToken(t *testing.T) {
 // TestSlidingLogSingleStrategy checks that a one-strategy sliding log is the
 // sliding window.
 func TestSlidingLogSingleStrategy(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(5, 6))
-	for range 300 {
+	for range shortOr(60, 300) {
 		P := 1 + rng.Int64N(500)
 		W := P * (1 + rng.Int64N(10))
 		L := rng.Int64N(8)
@@ -745,4 +752,14 @@ func TestConstructorsRejectInvalidConfig(t *testing.T) {
 	require.Panics(t, func() { NewSlidingLog(10, []int64{1, 2}, []int64{20, 10}) })
 	require.Panics(t, func() { NewLeakyBucket(1, 0, 10) })
 	require.Panics(t, func() { NewTokenBucket(1, 1, 0) })
+}
+
+// shortOr is quick under -short and full otherwise: a randomized test then
+// checks its property on fewer traces while you work, and on all of them in
+// the full suite.
+func shortOr(quick, full int) int {
+	if testing.Short() {
+		return quick
+	}
+	return full
 }

@@ -19,8 +19,9 @@ const (
 	// clusterSlots is the number of hash slots of a Redis Cluster.
 	clusterSlots = 16384
 	// clusterReadyTimeout bounds creating the cluster and waiting for it to
-	// be usable, once its nodes answer PING.
-	clusterReadyTimeout = 30 * time.Second
+	// be usable, once its nodes answer PING: long, so that only a cluster
+	// that never forms fails, however loaded the machine.
+	clusterReadyTimeout = 2 * time.Minute
 	// clusterAttempts is how many times a whole cluster start is tried.
 	clusterAttempts = 2
 )
