@@ -342,7 +342,7 @@ func TestBucketRefundRecordsBounded(t *testing.T) {
 					now = clock.now.UnixMicro()
 					got, want := lookBucket(t, l, "k"), m.Step(now, 0)
 					require.LessOrEqual(t, int64(got.Remaining), want.Remaining, "never looser than the model as it drains")
-					require.Equal(t, 24-int(now-epoch.UnixMicro())/3600_000_000, 100-got.Remaining,
+					require.Equal(t, 24-int((now-epoch.UnixMicro())/3600_000_000), 100-got.Remaining,
 						"the level the horizon kept drains at the rate: %v", got)
 				}
 			})
