@@ -34,32 +34,34 @@ end
 -- holding positions [first, first + n), at most cap, and records them in
 -- text: its ranges, each "<lo>:<hi>" after one separator character sep
 -- (count of them, or nil to count them here). It returns what it gave,
--- the text and the horizon. A refund costs what a grant does (issue 35),
--- so the ranges are read and rewritten in the text, never as tables: the
--- range that starts at or before first, and the one after it, are found
--- (the last range first, which most refunds, of the latest grants, stop
--- at; else from the start), the new range is spliced in, merged with
--- those it touches, and untouched ranges keep their text.
+-- the text and the horizon. A refund should cost no more than a grant
+-- (issue 35), so the ranges are read and rewritten in the text, never as
+-- tables: the range that starts at or before first and the one after it
+-- are found (the last range first: refunds of the latest grants stop
+-- there; else from the start), the new range is spliced in, merged with
+-- those it touches, and the other ranges keep their text.
 local function give_back(text, count, first, n, k, cap, horizon, sep)
   -- Before: the range starting at or before first, at [before_at,
   -- before_end] in text; after: the next one. What the grant gave back is
   -- the start of its positions that the range before covers.
   local before_at, before_lo, before_hi, before_end
   local after_at, after_lo, after_hi, after_end
-  local at, lo, hi = string.match(text, '.*%D()(%d+):(%d+)$')
-  if at and lo + 0 <= first then
-    before_at, before_lo, before_hi, before_end = at, lo + 0, hi + 0, #text
-  else
-    local from, stop = 1, nil
-    while true do
-      at, stop, lo, hi = string.find(text, '(%d+):(%d+)', from)
-      if not at then break end
-      if lo + 0 > first then
-        after_at, after_lo, after_hi, after_end = at, lo + 0, hi + 0, stop
-        break
+  if text ~= '' then
+    local at, lo, hi = string.match(text, '.*%D()(%d+):(%d+)$')
+    if at and lo + 0 <= first then
+      before_at, before_lo, before_hi, before_end = at, lo + 0, hi + 0, #text
+    else
+      local from, stop = 1, nil
+      while true do
+        at, stop, lo, hi = string.find(text, '(%d+):(%d+)', from)
+        if not at then break end
+        if lo + 0 > first then
+          after_at, after_lo, after_hi, after_end = at, lo + 0, hi + 0, stop
+          break
+        end
+        before_at, before_lo, before_hi, before_end = at, lo + 0, hi + 0, stop
+        from = stop + 1
       end
-      before_at, before_lo, before_hi, before_end = at, lo + 0, hi + 0, stop
-      from = stop + 1
     end
   end
   local kept = 0
@@ -69,33 +71,31 @@ local function give_back(text, count, first, n, k, cap, horizon, sep)
   if back <= 0 then return 0, text, horizon end
 
   -- Splice [lo, hi) in: it replaces the ranges it touches, or goes
-  -- between the two found, with its separator.
-  lo, hi = first + kept, first + kept + back
-  local cut_from, cut_to, piece
+  -- between the two found, after its separator.
+  if not count then
+    local _
+    _, count = string.gsub(text, ':', '')
+  end
+  local lo, hi = first + kept, first + kept + back
+  local cut_from, cut_to, piece = nil, nil, nil
   if before_hi == lo then
-    cut_from, cut_to, lo = before_at, before_end, before_lo
+    cut_from, cut_to, lo, count = before_at, before_end, before_lo, count - 1
   end
   if after_lo == hi then
-    cut_from, cut_to, hi = cut_from or after_at, after_end, after_hi
+    cut_from, cut_to, hi, count = cut_from or after_at, after_end, after_hi, count - 1
   end
   if cut_from then
-    if cut_from == before_at and cut_to == after_end then count = count and count - 1 end
     piece = string.format('%d:%d', lo, hi)
   else
     cut_from = (before_end or 0) + 1
     cut_to = cut_from - 1
     piece = string.format('%s%d:%d', sep, lo, hi)
-    if not count then
-      local _
-      _, count = string.gsub(text, ':', '')
-    end
-    count = count + 1
   end
   text = string.sub(text, 1, cut_from - 1) .. piece .. string.sub(text, cut_to + 1)
 
   -- Past MAX_RANGES the lowest range goes, its separator with it.
-  if count and count > MAX_RANGES then
-    local _, stop, _, lowest_hi = string.find(text, '(%d+):(%d+)')
+  if count + 1 > MAX_RANGES then
+    local _, stop, lowest_hi = string.find(text, ':(%d+)')
     horizon = math.max(horizon, lowest_hi + 0)
     text = string.sub(text, stop + 1)
   end
