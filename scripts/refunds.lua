@@ -91,13 +91,18 @@ local function give_back(text, count, first, n, k, cap, horizon, sep)
     cut_to = cut_from - 1
     piece = string.format('%s%d:%d', sep, lo, hi)
   end
-  text = string.sub(text, 1, cut_from - 1) .. piece .. string.sub(text, cut_to + 1)
 
-  -- Past MAX_RANGES the lowest range goes, its separator with it.
+  -- Past MAX_RANGES the lowest range goes, its separator with it, in the
+  -- same splice: the text kept starts after it. When the lowest is the
+  -- new range, it goes whole.
+  local keep_from = 1
   if count + 1 > MAX_RANGES then
-    local _, stop, lowest_hi = string.find(text, ':(%d+)')
-    horizon = math.max(horizon, lowest_hi + 0)
-    text = string.sub(text, stop + 1)
+    local _, lowest_end, lowest_hi = string.find(text, ':(%d+)')
+    if lowest_end >= cut_from then
+      return back, string.sub(text, cut_to + 1), math.max(horizon, hi)
+    end
+    horizon, keep_from = math.max(horizon, lowest_hi + 0), lowest_end + 1
   end
-  return back, text, horizon
+  return back, string.sub(text, keep_from, cut_from - 1) .. piece .. string.sub(text, cut_to + 1),
+    horizon
 end
