@@ -206,19 +206,16 @@ if refund_k then
   if grant_first and counted and not wrong and grant_first + 0 == first then
     pos, took = pos + 0, took + 0
     if pos >= floor and pos + took <= next_pos then
-      local ranges, had = read_ranges(records or '', pos, took)
-      given = math.min(refund_k + 0, took) - had
-      if given > count then given = count end
+      -- The ranges are joined by commas: one before each, for give_back.
+      local text = ''
+      if records then text = ',' .. records end
+      given, text, floor = give_back(text, nil, pos, took, refund_k + 0, count, floor, ',')
       if given > 0 then
         count = count - given
         used = count
-        local parts
-        parts, floor = add_range(ranges, pos + had, pos + had + given, floor, '%d:%d')
-        records = table.concat(parts, ',')
+        records = string.sub(text, 2)
         redis.call('SET', KEYS[1],
           state_text(count, first, state_end, next_pos, floor, records, shared), 'KEEPTTL')
-      else
-        given = 0
       end
     end
   end

@@ -71,9 +71,9 @@ end
 if not refund_k then n = ARGV[2] + 0 end
 
 -- Read the state: count, start, len, and what refunds gave back (given,
--- horizon, records: the text of the <lo>:<hi> ranges). No value: no
--- window.
-local count, start, len, given, horizon, records = 0, 0, window, 0, 0, ''
+-- horizon, records: the text of the <lo>:<hi> ranges, ranges of them). No
+-- value: no window.
+local count, start, len, given, horizon, records, ranges = 0, 0, window, 0, 0, '', 0
 local value = redis.pcall('GET', KEYS[1])
 if value then
   if type(value) ~= 'string' then
@@ -84,7 +84,11 @@ if value then
   if not count then count, window_end, len = string.match(value, LONG) end
   if not count then
     count, window_end, len, given, horizon, records = string.match(value, REFUNDED)
-    if count and string.gsub(records, RANGE, '') ~= '' then count = nil end
+    if count then
+      local rest
+      rest, ranges = string.gsub(records, RANGE, '')
+      if rest ~= '' then count = nil end
+    end
   end
   if not count then
     return redis.error_reply(string.format(NOT_OURS, 'a string that is not a fixed window'))
@@ -102,7 +106,7 @@ end
 -- if its key has one.
 local t, moved = now, false
 if value and start - now > math.max(window, len) then
-  start, moved, given, horizon, records = now, true, 0, 0, ''
+  start, moved, given, horizon, records, ranges = now, true, 0, 0, '', 0
 elseif start > now then
   t = start
 end
@@ -124,18 +128,12 @@ if refund_k then
   at, took = tonumber(at), tonumber(took)
   if open and not moved and token_start and token_start + 0 == start
       and took <= at and at - took >= horizon and at <= count + given then
-    local first = at - took
-    local ranges, kept = read_ranges(records, first, took)
-    back = math.min(refund_k + 0, took) - kept
-    if back > count then back = count end
+    back, records, horizon = give_back(records, ranges, at - took, took, refund_k + 0, count,
+      horizon, ' ')
     if back > 0 then
       count, given = count - back, given + back
-      local parts
-      parts, horizon = add_range(ranges, first + kept, first + kept + back, horizon, ' %d:%d')
       set_keeping_ttl(string.format('%d %d %d %d %d%s 3',
-        count, start + len, len, given, horizon, table.concat(parts)))
-    else
-      back = 0
+        count, start + len, len, given, horizon, records))
     end
   end
   local reset = 0
