@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 	_ "time/tzdata" // the calendar windows' zone, on a machine without zoneinfo too
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/faultproxy"
 )
 
 // The rows of issues 37, 38 and 39, run in the same rounds as the rows
@@ -83,6 +85,66 @@ var allowAllContender = contender{name: allowAllRow, kind: "redlimit", algorithm
 // parts' algorithms alone, in the same workload.
 var allowAllSingles = []string{"fixed_window", "sliding_window", "token_bucket"}
 
+// linkDelay is what the link rows' proxy adds to every reply, to stand
+// for a network between client and Redis, where loopback has almost none.
+// Over a link the round trip, not Redis's time, is most of a call's
+// latency, and it is what AllowAll's one round trip saves: on loopback,
+// three parts' scripts run one after the other cost about three times one
+// part's, whatever the client does. Go's timers wake the proxy late (on a
+// loaded machine, after about a millisecond): the link's round trip is
+// what its "ceiling EVALSHA return 1" row measures, not linkDelay.
+const linkDelay = 200 * time.Microsecond
+
+// linkSuffix ends the names of the rows measured over the link.
+const linkSuffix = ", link"
+
+// linkContenders are AllowAll, its parts alone and the return-1 ceiling,
+// to be run over the link. The proxy runs in the bench's process: its
+// buffers count in these rows' allocations.
+func linkContenders() []contender {
+	all := allowAllContender
+	all.name += linkSuffix
+	out := []contender{all}
+	for _, c := range redlimitContenders(linkSuffix) {
+		if slices.Contains(allowAllSingles, c.algorithm) {
+			out = append(out, c)
+		}
+	}
+	for _, c := range ceilings {
+		if c.algorithm == "return1" {
+			c.name += linkSuffix
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// linkClient returns the client of the link rows, started on first use: a
+// client of Redis through a proxy that holds every reply for linkDelay
+// (internal/faultproxy), counted by the same hook as e.rdb.
+func (e *environment) linkClient() (*redis.Client, error) {
+	if e.link != nil {
+		return e.link, nil
+	}
+	p, err := faultproxy.Start(e.rdb.Options().Addr)
+	if err != nil {
+		return nil, err
+	}
+	p.SetDelay(linkDelay)
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), PoolSize: e.f.goroutines, MinIdleConns: e.f.goroutines})
+	c.AddHook(e.hook)
+	e.link, e.proxy = c, p
+	return c, nil
+}
+
+// close closes the link rows' client and proxy, if started.
+func (e *environment) close() {
+	if e.link != nil {
+		e.link.Close()
+		e.proxy.Close()
+	}
+}
+
 // concurrencyContender runs a Concurrency of lim.count leases of lim.per
 // each. With release, a decision is an Acquire and its Release (two round
 // trips); without, an Acquire whose lease is left to lapse.
@@ -117,6 +179,7 @@ func (e *environment) featureRows() ([]*row, error) {
 		c     contender
 		lim   limit
 		nkeys int
+		link  bool // over the link (linkClient), not loopback
 	}
 	workloads := []struct {
 		name    string
@@ -124,16 +187,19 @@ func (e *environment) featureRows() ([]*row, error) {
 	}{
 		{"allow", []entry{
 			// A day of allowLimit's rate: nearly every call granted.
-			{calendarContender(period), limit{count: 1_000_000 * 24 * 60}, 1000},
-			{allowAllContender, allowLimit, 1000},
+			{calendarContender(period), limit{count: 1_000_000 * 24 * 60}, 1000, false},
+			{allowAllContender, allowLimit, 1000, false},
 			// 64 goroutines hold at most 64 leases at once.
-			{concurrencyContender(acquireReleaseRow, true), limit{count: 100, per: time.Minute}, 1000},
+			{concurrencyContender(acquireReleaseRow, true), limit{count: 100, per: time.Minute}, 1000, false},
 			// Leases of 1s on 100 keys: a few dozen live on a key, and
 			// each Acquire finds about one lapsed to trim.
-			{concurrencyContender(acquireLapseRow, false), limit{count: redlimit.MaxConcurrencyLimit, per: time.Second}, 100},
+			{concurrencyContender(acquireLapseRow, false), limit{count: redlimit.MaxConcurrencyLimit, per: time.Second}, 100, false},
 		}},
 		// hotLimit's 100 a day on one key: every call but the first 100 denied.
-		{"hot", []entry{{calendarContender(period), limit{count: hotLimit.count}, 1}}},
+		{"hot", []entry{{calendarContender(period), limit{count: hotLimit.count}, 1, false}}},
+	}
+	for _, c := range linkContenders() {
+		workloads[0].entries = append(workloads[0].entries, entry{c, allowLimit, 1000, true})
 	}
 	var rows []*row
 	for _, w := range workloads {
@@ -141,7 +207,13 @@ func (e *environment) featureRows() ([]*row, error) {
 			if e.f.rows != nil && !e.f.rows.MatchString(w.name+" "+en.c.name) {
 				continue
 			}
-			decide, err := en.c.build(e.rdb, en.lim)
+			var client redis.Scripter = e.rdb
+			if en.link {
+				if client, err = e.linkClient(); err != nil {
+					return nil, fmt.Errorf("%s: %s: %w", w.name, en.c.name, err)
+				}
+			}
+			decide, err := en.c.build(client, en.lim)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %s: %w", w.name, en.c.name, err)
 			}

@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/faultproxy"
 )
 
 type flags struct {
@@ -132,6 +134,7 @@ func run(f flags) error {
 	var _ redis.Scripter = ap
 
 	env := &environment{ctx: ctx, f: f, admin: admin, rdb: rdb, ap: ap, hook: hook, owned: owned, run: runID()}
+	defer env.close()
 	if f.variants {
 		_, err := env.measureVariants(5000, 7)
 		return err
@@ -234,6 +237,10 @@ type environment struct {
 	hook  *roundTrips
 	owned bool   // the server is ours: FLUSHALL is allowed
 	run   string // marks this run's keys
+	// link and proxy: the link rows' client and its delaying proxy
+	// (linkClient), started on first use.
+	link  *redis.Client
+	proxy *faultproxy.Proxy
 }
 
 func (f flags) describe() string {
