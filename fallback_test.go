@@ -307,3 +307,50 @@ func TestFallbackGrantsRefundOnTheLimitersClock(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkFallbackDecision measures a call the fallback decides while the
+// circuit breaker is open (no round trip): a grant, and a grant given
+// back, with and without WithClock.
+func BenchmarkFallbackDecision(b *testing.B) {
+	at := redlimittest.Epoch
+	for _, clocked := range []bool{false, true} {
+		fb, err := inmem.NewFixedWindow(1_000_000_000, time.Hour)
+		require.NoError(b, err)
+		breaker, err := redlimit.NewBreaker(redlimit.BreakerConfig{Failures: 1, Cooldown: time.Hour})
+		require.NoError(b, err)
+		opts := []redlimit.Option{redlimit.WithFallback(fb), redlimit.WithBreaker(breaker)}
+		name := "time_now"
+		if clocked {
+			opts, name = append(opts, redlimit.WithClock(func() time.Time { return at })), "with_clock"
+		}
+		rdb := redis.NewClient(redlimit.ClientOptions("127.0.0.1:1")) // refused: the breaker opens
+		b.Cleanup(func() { rdb.Close() })
+		l, err := redlimit.NewFixedWindow(rdb, 1000, time.Minute, opts...)
+		require.NoError(b, err)
+		ctx := context.Background()
+		r, err := l.Allow(ctx, "client")
+		require.NoError(b, err)
+		require.True(b, r.Allowed, "the fallback decides")
+		require.Equal(b, redlimit.BreakerOpen, breaker.State())
+		b.Run(name+"/allow", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := l.Allow(ctx, "client"); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(name+"/allow_refund", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				r, err := l.Allow(ctx, "client")
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := r.Grant.Refund(ctx, 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
