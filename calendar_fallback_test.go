@@ -21,8 +21,8 @@ func TestCalendarWindowFallback(t *testing.T) {
 	require.NoError(t, err)
 	env := redlimittest.New(t)
 	env.Set(time.Date(2026, 11, 1, 23, 0, 0, 0, ny))
-	// Its own clock, the limiter's: a refund (a call of the Grant's, after
-	// the decision) does not carry the limiter's clock to the fallback.
+	// Its own clock, the limiter's (without one it would decide, and its
+	// grants refund, on the limiter's clock all the same: OnClock).
 	fb, err := inmem.NewCalendarWindow(inmem.Share(100, 20), redlimit.Daily(ny), inmem.WithClock(env.Now))
 	require.NoError(t, err)
 	var last redlimit.Decision

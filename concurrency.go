@@ -37,10 +37,9 @@ const MaxConcurrencyLimit = 10_000
 // crash, a Redis failover and a clock step do to live leases.
 type Concurrency struct {
 	limiter
-	// extender is the fallback's ExtendGrant, for leases it granted.
+	// extender is the fallback's ExtendGrant, for leases it granted (on
+	// this limiter's clock, as the fallback is).
 	extender grantExtender
-	// clock is WithClock's, which the fallback decides on (nil: none).
-	clock func() time.Time
 }
 
 // grantExtender is a limiter whose grants are leases: this package's
@@ -82,11 +81,6 @@ func NewConcurrency(rdb redis.Scripter, limit int, lease time.Duration, opts ...
 		return nil, err
 	}
 	c := &Concurrency{limiter: l}
-	var o options // newLimiter checked them
-	for _, opt := range opts {
-		opt(&o)
-	}
-	c.clock = o.clock
 	if l.fallback != nil {
 		ext, ok := l.fallback.(grantExtender)
 		if !ok {
@@ -159,19 +153,9 @@ func (c *Concurrency) ExtendGrant(ctx context.Context, g Grant) (Result, error) 
 		}
 		return l.result(r, key, g.N()), nil
 	case c.extender != nil:
-		return c.extender.ExtendGrant(c.fallbackContext(ctx), g)
+		return c.extender.ExtendGrant(ctx, g)
 	}
 	return Result{}, engine.Errorf(ErrInvalidArgument, "redlimit: concurrency: extend of %v: not a grant of this limiter", g)
-}
-
-// fallbackContext returns ctx carrying this limiter's clock, for the
-// fallback to decide a release or extend of its own leases on it, as it
-// decides grants.
-func (c *Concurrency) fallbackContext(ctx context.Context) context.Context {
-	if c.clock == nil || ctx == nil {
-		return ctx
-	}
-	return engine.WithLimiterNow(ctx, c.clock())
 }
 
 // Lease is one place on a key of a Concurrency, from Acquire. It is safe
@@ -202,9 +186,6 @@ func (l *Lease) Release(ctx context.Context) error {
 	defer l.mu.Unlock()
 	if l.released {
 		return nil
-	}
-	if src, _, _ := engine.GrantParts(l.grant); src != engine.Refunder(l.c.engine) {
-		ctx = l.c.fallbackContext(ctx)
 	}
 	if err := l.grant.Refund(ctx, l.grant.N()); err != nil {
 		return err

@@ -283,11 +283,13 @@ func TestFallbackReadsLimiterClock(t *testing.T) {
 }
 
 // A grant the fallback made refunds into the fallback, on the limiter's
-// clock as it decided: 5 granted, 3 given back, 3 granted again.
+// clock as it decided: 5 granted, 3 given back, 3 granted again. That
+// clock is a year behind time.Now, where the grant's window is long over.
 func TestFallbackGrantsRefundOnTheLimitersClock(t *testing.T) {
 	for _, c := range fallbackCases() {
 		t.Run(c.name, func(t *testing.T) {
 			env := redlimittest.New(t)
+			env.Set(time.Now().AddDate(-1, 0, 0))
 			fb, err := c.fallback()
 			require.NoError(t, err)
 			l, err := c.limiter(env.Client(), env.Options(redlimit.WithFallback(fb))...)
@@ -297,6 +299,7 @@ func TestFallbackGrantsRefundOnTheLimitersClock(t *testing.T) {
 			r, err := l.AllowN(ctx, "client", 5)
 			require.NoError(t, err)
 			require.True(t, r.Allowed)
+			env.Advance(time.Millisecond)
 			require.NoError(t, r.Grant.Refund(ctx, 3))
 			r, err = l.AllowN(ctx, "client", 3)
 			require.NoError(t, err)
@@ -306,4 +309,109 @@ func TestFallbackGrantsRefundOnTheLimitersClock(t *testing.T) {
 			require.False(t, r.Allowed, "and no more")
 		})
 	}
+}
+
+// BenchmarkFallbackDecision measures a call the fallback decides while the
+// circuit breaker is open (no round trip): a grant, and a grant given
+// back, with and without WithClock.
+func BenchmarkFallbackDecision(b *testing.B) {
+	at := redlimittest.Epoch
+	for _, clocked := range []bool{false, true} {
+		fb, err := inmem.NewFixedWindow(1_000_000_000, time.Hour)
+		require.NoError(b, err)
+		breaker, err := redlimit.NewBreaker(redlimit.BreakerConfig{Failures: 1, Cooldown: time.Hour})
+		require.NoError(b, err)
+		opts := []redlimit.Option{redlimit.WithFallback(fb), redlimit.WithBreaker(breaker)}
+		name := "time_now"
+		if clocked {
+			opts, name = append(opts, redlimit.WithClock(func() time.Time { return at })), "with_clock"
+		}
+		rdb := redis.NewClient(redlimit.ClientOptions("127.0.0.1:1")) // refused: the breaker opens
+		b.Cleanup(func() { rdb.Close() })
+		l, err := redlimit.NewFixedWindow(rdb, 1000, time.Minute, opts...)
+		require.NoError(b, err)
+		ctx := context.Background()
+		r, err := l.Allow(ctx, "client")
+		require.NoError(b, err)
+		require.True(b, r.Allowed, "the fallback decides")
+		require.Equal(b, redlimit.BreakerOpen, breaker.State())
+		b.Run(name+"/allow", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := l.Allow(ctx, "client"); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(name+"/allow_refund", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				r, err := l.Allow(ctx, "client")
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := r.Grant.Refund(ctx, 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// The leases a fallback granted extend and release on the limiter's
+// clock, unless the fallback has its own (inmem.WithClock). The clock
+// each call read shows in its answer: a lease still live on the limiter's
+// clock (a year behind time.Now) keeps its place when extended; a clock
+// set past 2112 is refused (ErrInvalidArgument) by the fallback that reads
+// it, and by that one alone.
+func TestFallbackLeasesOnTheLimitersClock(t *testing.T) {
+	ctx := context.Background()
+	setup := func(t *testing.T, opts ...inmem.Option) (*redlimittest.Env, *redlimit.Concurrency) {
+		env := redlimittest.New(t)
+		env.Set(time.Now().AddDate(-1, 0, 0))
+		fb, err := inmem.NewConcurrency(2, time.Minute, opts...)
+		require.NoError(t, err)
+		c, err := redlimit.NewConcurrency(env.Client(), 10, time.Minute, env.Options(redlimit.WithFallback(fb))...)
+		require.NoError(t, err)
+		env.Server().SetError("simulated outage")
+		return env, c
+	}
+	tooLate := time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
+
+	t.Run("extend", func(t *testing.T) {
+		env, c := setup(t)
+		r, err := c.Allow(ctx, "client")
+		require.NoError(t, err)
+		require.True(t, r.Allowed)
+		env.Advance(30 * time.Second)
+		ext, err := c.ExtendGrant(ctx, r.Grant)
+		require.NoError(t, err)
+		require.True(t, ext.Allowed)
+		require.Equal(t, r.Grant, ext.Grant, "live on the limiter's clock: the lease kept its place")
+		env.Set(tooLate)
+		_, err = c.ExtendGrant(ctx, r.Grant)
+		require.ErrorIs(t, err, redlimit.ErrInvalidArgument, "the fallback read the limiter's clock")
+	})
+	t.Run("release", func(t *testing.T) {
+		env, c := setup(t)
+		lease, err := c.Acquire(ctx, "client")
+		require.NoError(t, err)
+		now := env.Now()
+		env.Set(tooLate)
+		require.ErrorIs(t, lease.Release(ctx), redlimit.ErrInvalidArgument, "the fallback read the limiter's clock")
+		env.Set(now)
+		require.NoError(t, lease.Release(ctx))
+		for range 2 {
+			_, err := c.Acquire(ctx, "client")
+			require.NoError(t, err, "the release freed its place")
+		}
+	})
+	t.Run("own_clock", func(t *testing.T) {
+		env, c := setup(t, inmem.WithClock(time.Now))
+		lease, err := c.Acquire(ctx, "client")
+		require.NoError(t, err)
+		env.Set(tooLate)
+		require.NoError(t, lease.Extend(ctx), "the fallback reads its own clock")
+		require.NoError(t, lease.Release(ctx), "the fallback reads its own clock")
+	})
 }

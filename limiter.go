@@ -310,7 +310,8 @@ type limiter struct {
 	// index a script reports; one entry for every algorithm but SlidingLog.
 	limits  []int
 	windows []time.Duration
-	// fallback is WithFallback's limiter, or nil.
+	// fallback is WithFallback's limiter, on this limiter's clock (see
+	// outageOptions.configure), or nil.
 	fallback Limiter
 	// prefix is the Redis key prefix: WithPrefix's, or the default.
 	prefix string
@@ -401,7 +402,7 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 		prefix = o.prefix
 		args = append(slices.Clip(args), s.sharedArgs...)
 	}
-	l := limiter{limits: s.limits, windows: s.windows, fallback: o.outage.fallback, prefix: prefix,
+	l := limiter{limits: s.limits, windows: s.windows, prefix: prefix,
 		capacity: slices.Min(s.limits), algorithm: s.algorithm, name: o.name, observer: o.observer}
 	var rule reserveRule
 	if o.reserveSet {
@@ -429,9 +430,11 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 		Capacity:  slices.Min(s.limits),
 		Leases:    s.leases,
 	}
-	if err := o.outage.configure(s.algorithm, rdb, &cfg); err != nil {
+	fallback, err := o.outage.configure(s.algorithm, rdb, &cfg)
+	if err != nil {
 		return limiter{}, err
 	}
+	l.fallback = fallback
 	if fn := o.observer; fn != nil {
 		cfg.Observe = func(ev engine.Event) {
 			d := Decision{Algorithm: s.algorithm, Key: ev.Key, N: ev.N, Err: ev.Err, Latency: ev.Latency, Local: ev.Local, Fallback: ev.Reply.FromFallback, Cause: ev.Reply.Cause, Shadow: shadow.Is(ev.Ctx), Refund: ev.Refund, Limiter: o.name}

@@ -191,10 +191,11 @@ func WithoutBreaker() Option {
 // observers see Decision.Fallback with the Redis error in Decision.Cause,
 // even while Redis is otherwise up.
 //
-// The fallback decides on this limiter's clock: a WithClock clock is
-// handed to an inmem limiter that was not given its own (inmem.WithClock),
-// so that a fake clock moves both. Without WithClock it decides on
-// time.Now.
+// The fallback decides on this limiter's clock: with WithClock, an inmem
+// limiter that was not given its own (inmem.WithClock) decides, and its
+// grants refund, release and extend, on a view of it on this limiter's
+// clock (its OnClock), so that a fake clock moves both. Without WithClock
+// it decides on its own clock, time.Now by default.
 //
 // The fallback is meant to be an in-process limiter of package
 // github.com/redlimit/redlimit/inmem, configured as this instance's share
@@ -258,16 +259,18 @@ type outageOptions struct {
 	logger      *slog.Logger
 }
 
-// configure validates the outage options and sets them in cfg.
-func (o outageOptions) configure(algorithm string, rdb redis.Scripter, cfg *engine.Config) error {
+// configure validates the outage options and sets them in cfg. It returns
+// the fallback that cfg decides on: WithFallback's, seen on cfg.Clock when
+// there is one (clockedFallback), or nil.
+func (o outageOptions) configure(algorithm string, rdb redis.Scripter, cfg *engine.Config) (Limiter, error) {
 	if o.breakerSet && !o.noBreaker && o.breaker == nil {
-		return engine.Errorf(ErrInvalidConfig, "redlimit: %s: WithBreaker(nil): use WithoutBreaker to turn it off", algorithm)
+		return nil, engine.Errorf(ErrInvalidConfig, "redlimit: %s: WithBreaker(nil): use WithoutBreaker to turn it off", algorithm)
 	}
 	if o.breaker != nil && o.breaker.b == nil {
-		return engine.Errorf(ErrInvalidConfig, "redlimit: %s: WithBreaker: the Breaker is a zero value: make it with NewBreaker", algorithm)
+		return nil, engine.Errorf(ErrInvalidConfig, "redlimit: %s: WithBreaker: the Breaker is a zero value: make it with NewBreaker", algorithm)
 	}
 	if o.fallbackSet && nilcheck.IsNil(o.fallback) {
-		return engine.Errorf(ErrInvalidConfig, "redlimit: %s: WithFallback(nil)", algorithm)
+		return nil, engine.Errorf(ErrInvalidConfig, "redlimit: %s: WithFallback(nil)", algorithm)
 	}
 	multiNode := false
 	switch rdb.(type) {
@@ -283,19 +286,15 @@ func (o outageOptions) configure(algorithm string, rdb redis.Scripter, cfg *engi
 		b, _ := NewBreaker(BreakerConfig{})
 		cfg.Breaker = b.b
 	}
-	if fb := o.fallback; fb != nil {
-		clock := cfg.Clock
+	fb := o.fallback
+	if on, ok := fb.(clockedFallback); ok && cfg.Clock != nil {
+		fb = on.OnClock(cfg.Clock)
+	}
+	if fb != nil {
 		cfg.Fallback = func(ctx context.Context, key string, n int) (engine.Reply, error) {
-			if clock != nil {
-				ctx = engine.WithLimiterNow(ctx, clock())
-			}
 			r, err := fb.AllowN(ctx, key, n)
 			if err != nil {
 				return engine.Reply{}, err
-			}
-			if clock != nil && r.Grant.N() > 0 {
-				// Its refunds decide on this limiter's clock too.
-				r.Grant = engine.NewGrant(&clockedGrant{grant: r.Grant, clock: clock}, key, r.Grant.N(), "")
 			}
 			return engine.Reply{
 				Allowed:      r.Allowed,
@@ -309,7 +308,15 @@ func (o outageOptions) configure(algorithm string, rdb redis.Scripter, cfg *engi
 		}
 	}
 	warnIgnoredDeadlines(o.logger, algorithm, rdb)
-	return nil
+	return fb, nil
+}
+
+// clockedFallback is a fallback that can decide on this limiter's clock:
+// inmem's limiters, whose OnClock returns a view of the same keys on now
+// (or the limiter itself, when it has a clock of its own). The view's
+// grants refund, release and extend on now too.
+type clockedFallback interface {
+	OnClock(now func() time.Time) Limiter
 }
 
 // warnIgnoredDeadlines tells logger, once for this limiter, that its
@@ -369,22 +376,4 @@ func (l *limiter) fallbackDenial(r Result) error {
 		}
 	}
 	return &ViolationStrategyError{Limit: r.Limit, Window: window, RetryAfter: r.RetryAfter}
-}
-
-// clockedGrant refunds a grant of the fallback on the limiter's clock
-// (WithClock), as its decision was: an inmem limiter without a clock of
-// its own then gives back at the time the fake clock reads.
-type clockedGrant struct {
-	grant Grant
-	clock func() time.Time
-}
-
-// RefundGrant refunds n permits of the fallback's grant.
-func (c *clockedGrant) RefundGrant(ctx context.Context, _, _ string, _, n int) error {
-	return c.grant.Refund(engine.WithLimiterNow(ctx, c.clock()), n)
-}
-
-// ReleaseGrant releases the fallback's grant's leases, if it holds any.
-func (c *clockedGrant) ReleaseGrant(ctx context.Context, _, _ string, _ int) error {
-	return c.grant.Release(engine.WithLimiterNow(ctx, c.clock()))
 }

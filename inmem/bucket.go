@@ -64,6 +64,7 @@ type bucket struct {
 	fullUS    int64 // the µs a full bucket takes to drain
 	window    time.Duration
 	store     *store[bucketState]
+	clock     // what it decides on (store.go): WithClock's, or OnClock's
 }
 
 // bucketState is a key's level at its time and, once refunded, its
@@ -95,6 +96,7 @@ func newBucket(algorithm, field string, capacity int, rate redlimit.Rate, opts [
 	full := int64(capacity) * perUS
 	b := bucket{algorithm: algorithm, per: perUS, count: count, full: full, fullUS: ceilDiv(full, count)}
 	b.window = time.Duration(b.fullUS) * time.Microsecond
+	b.clock = newClock(o)
 	b.store = newStore(o, b.used)
 	return b, nil
 }
@@ -109,7 +111,7 @@ func (b *bucket) AllowN(ctx context.Context, key string, n int) (redlimit.Result
 	if err := checkCall(ctx, b.algorithm, key, n); err != nil {
 		return redlimit.Result{}, err
 	}
-	now, err := b.store.nowUS(ctx, b.algorithm)
+	now, err := b.store.nowUS(b.clock, b.algorithm)
 	if err != nil {
 		return redlimit.Result{}, err
 	}
@@ -240,7 +242,7 @@ func (b *bucket) RefundGrant(ctx context.Context, key, token string, took, k int
 	if err := checkCall(ctx, b.algorithm, key, k); err != nil {
 		return err
 	}
-	now, err := b.store.nowUS(ctx, b.algorithm)
+	now, err := b.store.nowUS(b.clock, b.algorithm)
 	if err != nil {
 		return err
 	}
@@ -339,6 +341,22 @@ func (b *bucket) Allow(ctx context.Context, key string) (redlimit.Result, error)
 func (b *bucket) TryAcquire(ctx context.Context, key string) error {
 	return tryAcquire(ctx, b, key, func(redlimit.Result) time.Duration { return b.window })
 }
+
+// OnClock returns a view of l that decides on now: the same
+// configuration and the same keys (what either grants, the other sees),
+// on another clock. The view's Grants refund through the view, on
+// now. When l was built with WithClock (its own clock wins), or now is
+// nil, OnClock returns l. redlimit.WithFallback calls it with the Redis
+// limiter's clock (redlimit.WithClock).
+func (l *LeakyBucket) OnClock(now func() time.Time) redlimit.Limiter { return onClock(l, now) }
+
+// OnClock returns a view of l that decides on now: the same
+// configuration and the same keys (what either grants, the other sees),
+// on another clock. The view's Grants refund through the view, on
+// now. When l was built with WithClock (its own clock wins), or now is
+// nil, OnClock returns l. redlimit.WithFallback calls it with the Redis
+// limiter's clock (redlimit.WithClock).
+func (l *TokenBucket) OnClock(now func() time.Time) redlimit.Limiter { return onClock(l, now) }
 
 // Reset forgets all state of key.
 func (b *bucket) Reset(ctx context.Context, key string) error {

@@ -25,6 +25,7 @@ type CalendarWindow struct {
 	limit  int64
 	period redlimit.Period
 	store  *store[calendarState]
+	clock  // what it decides on (store.go): WithClock's, or OnClock's
 }
 
 // calendarState is one key's count in a period. firstUS == 0: none.
@@ -56,6 +57,7 @@ func NewCalendarWindow(limit int, period redlimit.Period, opts ...Option) (*Cale
 		return nil, err
 	}
 	l := &CalendarWindow{limit: int64(limit), period: period}
+	l.clock = newClock(o)
 	l.store = newStore(o, l.used)
 	return l, nil
 }
@@ -70,7 +72,7 @@ func (l *CalendarWindow) AllowN(ctx context.Context, key string, n int) (redlimi
 	if err := checkCall(ctx, "calendar_window", key, n); err != nil {
 		return redlimit.Result{}, err
 	}
-	now, err := l.store.nowUS(ctx, "calendar_window")
+	now, err := l.store.nowUS(l.clock, "calendar_window")
 	if err != nil {
 		return redlimit.Result{}, err
 	}
@@ -152,7 +154,7 @@ func (l *CalendarWindow) RefundGrant(ctx context.Context, key, token string, too
 	if err := checkCall(ctx, "calendar_window", key, 0); err != nil {
 		return err
 	}
-	now, err := l.store.nowUS(ctx, "calendar_window")
+	now, err := l.store.nowUS(l.clock, "calendar_window")
 	if err != nil {
 		return err
 	}
@@ -202,6 +204,14 @@ func (l *CalendarWindow) Allow(ctx context.Context, key string) (redlimit.Result
 func (l *CalendarWindow) TryAcquire(ctx context.Context, key string) error {
 	return tryAcquire(ctx, l, key, func(redlimit.Result) time.Duration { return 0 })
 }
+
+// OnClock returns a view of l that decides on now: the same
+// configuration and the same keys (what either grants, the other sees),
+// on another clock. The view's Grants refund through the view, on
+// now. When l was built with WithClock (its own clock wins), or now is
+// nil, OnClock returns l. redlimit.WithFallback calls it with the Redis
+// limiter's clock (redlimit.WithClock).
+func (l *CalendarWindow) OnClock(now func() time.Time) redlimit.Limiter { return onClock(l, now) }
 
 // Reset forgets all state of key.
 func (l *CalendarWindow) Reset(ctx context.Context, key string) error {

@@ -22,6 +22,7 @@ import (
 type Concurrency struct {
 	limit, leaseUS int64
 	store          *store[concurrencyState]
+	clock          // what it decides on (store.go): WithClock's, or OnClock's
 }
 
 // concurrencyState is one key's leases. Lapsed ones stay until a grant or
@@ -58,6 +59,7 @@ func NewConcurrency(limit int, lease time.Duration, opts ...Option) (*Concurrenc
 		return nil, err
 	}
 	l := &Concurrency{limit: int64(limit), leaseUS: leaseUS}
+	l.clock = newClock(o)
 	l.store = newStore(o, l.used)
 	return l, nil
 }
@@ -159,7 +161,7 @@ func (l *Concurrency) AllowN(ctx context.Context, key string, n int) (redlimit.R
 	if err := checkCall(ctx, "concurrency", key, n); err != nil {
 		return redlimit.Result{}, err
 	}
-	now, err := l.store.nowUS(ctx, "concurrency")
+	now, err := l.store.nowUS(l.clock, "concurrency")
 	if err != nil {
 		return redlimit.Result{}, err
 	}
@@ -210,17 +212,18 @@ func (l *Concurrency) locked(key string, now int64, decide func(s *concurrencySt
 // When some lapsed, the grant is taken afresh: its leases still live
 // count as room, and if the others leave room for all of them they are
 // live again and the Result's Grant names them from now on; else the
-// Result is a denial and nothing changed. The zero Grant, or one of
-// another limiter, is redlimit.ErrInvalidArgument.
+// Result is a denial and nothing changed. It extends the grants of l and
+// of its views (OnClock), which share its keys, on l's clock. The zero
+// Grant, or one of another limiter, is redlimit.ErrInvalidArgument.
 func (l *Concurrency) ExtendGrant(ctx context.Context, g redlimit.Grant) (redlimit.Result, error) {
 	src, key, token := engine.GrantParts(g)
-	if src != engine.Refunder(l) {
+	if of, ok := src.(*Concurrency); !ok || of.store != l.store {
 		return redlimit.Result{}, fmt.Errorf("redlimit: inmem concurrency: extend of %v: not a grant of this limiter: %w", g, redlimit.ErrInvalidArgument)
 	}
 	if err := checkCall(ctx, "concurrency", key, 0); err != nil {
 		return redlimit.Result{}, err
 	}
-	now, err := l.store.nowUS(ctx, "concurrency")
+	now, err := l.store.nowUS(l.clock, "concurrency")
 	if err != nil {
 		return redlimit.Result{}, err
 	}
@@ -273,7 +276,7 @@ func (l *Concurrency) RefundGrant(ctx context.Context, key, token string, took, 
 	if err := checkCall(ctx, "concurrency", key, 0); err != nil {
 		return err
 	}
-	now, err := l.store.nowUS(ctx, "concurrency")
+	now, err := l.store.nowUS(l.clock, "concurrency")
 	if err != nil {
 		return err
 	}
@@ -305,6 +308,14 @@ func (l *Concurrency) Allow(ctx context.Context, key string) (redlimit.Result, e
 func (l *Concurrency) TryAcquire(ctx context.Context, key string) error {
 	return tryAcquire(ctx, l, key, func(redlimit.Result) time.Duration { return 0 }) // no window
 }
+
+// OnClock returns a view of l that decides on now: the same
+// configuration and the same keys (what either grants, the other sees),
+// on another clock. The view's Grants refund and extend (ExtendGrant) through the view, on
+// now. When l was built with WithClock (its own clock wins), or now is
+// nil, OnClock returns l. redlimit.WithFallback calls it with the Redis
+// limiter's clock (redlimit.WithClock).
+func (l *Concurrency) OnClock(now func() time.Time) redlimit.Limiter { return onClock(l, now) }
 
 // Reset forgets every lease of key.
 func (l *Concurrency) Reset(ctx context.Context, key string) error {

@@ -48,16 +48,21 @@
 //
 // # Clocks
 //
-// A limiter decides on the clock WithClock gives it. Without one it decides
-// on time.Now, or, as the fallback of a Redis limiter built with
-// redlimit.WithClock, on that limiter's clock: advancing a fake clock
-// refills both alike. Time going backwards never panics, never grants extra
-// permits, and never locks a key out for longer than its configuration
-// allows: as with the scripts, a call that only looks (n == 0) or is denied
-// changes nothing, so a key that ran out of permits is still out of them if
-// the clock goes back into that time. (A sliding key keeps its own time,
-// which stands still at its last grant while the clock is behind it: a call
-// then moves that time, never the counts.) A clock that reads before
-// 2001-09-09 or after 2112-02-27 is ErrInvalidArgument, as it is for the
-// Redis limiters.
+// A limiter decides on the clock WithClock gives it, else on time.Now.
+// OnClock returns a view of a limiter on another clock: the same keys, so
+// that a grant through either counts for both, decided on that clock, and
+// grants that refund (and leases that release and extend) on it too. A
+// limiter given its own clock keeps it: its view is itself. As the
+// fallback of a Redis limiter built with redlimit.WithClock, a limiter
+// decides through its view on that limiter's clock, so advancing a fake
+// clock refills both alike.
+//
+// Time going backwards never panics, never grants extra permits, and never
+// locks a key out for longer than its configuration allows: as with the
+// scripts, a call that only looks (n == 0) or is denied changes nothing, so
+// a key that ran out of permits is still out of them if the clock goes back
+// into that time. (A sliding key keeps its own time, which stands still at
+// its last grant while the clock is behind it: a call then moves that time,
+// never the counts.) A clock that reads before 2001-09-09 or after
+// 2112-02-27 is ErrInvalidArgument, as it is for the Redis limiters.
 package inmem

@@ -17,6 +17,7 @@ type FixedWindow struct {
 	limit, windowUS int64
 	window          time.Duration
 	store           *store[fixedWindowState]
+	clock           // what it decides on (store.go): WithClock's, or OnClock's
 }
 
 // fixedWindowState is a key's window, kept as the script keeps it: its
@@ -56,6 +57,7 @@ func NewFixedWindow(limit int, window time.Duration, opts ...Option) (*FixedWind
 		return nil, err
 	}
 	l := &FixedWindow{limit: int64(limit), windowUS: windowUS, window: window}
+	l.clock = newClock(o)
 	l.store = newStore(o, l.used)
 	return l, nil
 }
@@ -70,7 +72,7 @@ func (l *FixedWindow) AllowN(ctx context.Context, key string, n int) (redlimit.R
 	if err := checkCall(ctx, "fixed_window", key, n); err != nil {
 		return redlimit.Result{}, err
 	}
-	now, err := l.store.nowUS(ctx, "fixed_window")
+	now, err := l.store.nowUS(l.clock, "fixed_window")
 	if err != nil {
 		return redlimit.Result{}, err
 	}
@@ -184,7 +186,7 @@ func (l *FixedWindow) RefundGrant(ctx context.Context, key, token string, took, 
 	if err := checkCall(ctx, "fixed_window", key, 0); err != nil {
 		return err
 	}
-	now, err := l.store.nowUS(ctx, "fixed_window")
+	now, err := l.store.nowUS(l.clock, "fixed_window")
 	if err != nil {
 		return err
 	}
@@ -216,6 +218,14 @@ func (l *FixedWindow) Allow(ctx context.Context, key string) (redlimit.Result, e
 func (l *FixedWindow) TryAcquire(ctx context.Context, key string) error {
 	return tryAcquire(ctx, l, key, func(redlimit.Result) time.Duration { return l.window })
 }
+
+// OnClock returns a view of l that decides on now: the same
+// configuration and the same keys (what either grants, the other sees),
+// on another clock. The view's Grants refund through the view, on
+// now. When l was built with WithClock (its own clock wins), or now is
+// nil, OnClock returns l. redlimit.WithFallback calls it with the Redis
+// limiter's clock (redlimit.WithClock).
+func (l *FixedWindow) OnClock(now func() time.Time) redlimit.Limiter { return onClock(l, now) }
 
 // Reset forgets all state of key.
 func (l *FixedWindow) Reset(ctx context.Context, key string) error {

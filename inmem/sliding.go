@@ -62,6 +62,7 @@ type log struct {
 	limits      []int64
 	sizes       []int64
 	store       *store[logState]
+	clock       // what it decides on (store.go): WithClock's, or OnClock's
 }
 
 // logState is one key: its nonempty buckets, oldest first, and for each
@@ -168,6 +169,7 @@ func newLog(algorithm string, precision time.Duration, strategies []redlimit.Str
 	if err != nil {
 		return log{}, err
 	}
+	l.clock = newClock(o)
 	l.store = newStore(o, l.used)
 	return l, nil
 }
@@ -181,7 +183,7 @@ func (l *log) AllowN(ctx context.Context, key string, n int) (redlimit.Result, e
 	if err := checkCall(ctx, l.algorithm, key, n); err != nil {
 		return redlimit.Result{}, err
 	}
-	now, err := l.store.nowUS(ctx, l.algorithm)
+	now, err := l.store.nowUS(l.clock, l.algorithm)
 	if err != nil {
 		return redlimit.Result{}, err
 	}
@@ -422,7 +424,7 @@ func (l *log) RefundGrant(ctx context.Context, key, token string, took, n int) e
 	if err := checkCall(ctx, l.algorithm, key, 0); err != nil {
 		return err
 	}
-	now, err := l.store.nowUS(ctx, l.algorithm)
+	now, err := l.store.nowUS(l.clock, l.algorithm)
 	if err != nil {
 		return err
 	}
@@ -464,6 +466,22 @@ func (l *log) TryAcquire(ctx context.Context, key string) error {
 		return l.strategies[0].Window
 	})
 }
+
+// OnClock returns a view of l that decides on now: the same
+// configuration and the same keys (what either grants, the other sees),
+// on another clock. The view's Grants refund through the view, on
+// now. When l was built with WithClock (its own clock wins), or now is
+// nil, OnClock returns l. redlimit.WithFallback calls it with the Redis
+// limiter's clock (redlimit.WithClock).
+func (l *SlidingWindow) OnClock(now func() time.Time) redlimit.Limiter { return onClock(l, now) }
+
+// OnClock returns a view of l that decides on now: the same
+// configuration and the same keys (what either grants, the other sees),
+// on another clock. The view's Grants refund through the view, on
+// now. When l was built with WithClock (its own clock wins), or now is
+// nil, OnClock returns l. redlimit.WithFallback calls it with the Redis
+// limiter's clock (redlimit.WithClock).
+func (l *SlidingLog) OnClock(now func() time.Time) redlimit.Limiter { return onClock(l, now) }
 
 // Reset forgets all state of key.
 func (l *log) Reset(ctx context.Context, key string) error {

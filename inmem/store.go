@@ -1,7 +1,6 @@
 package inmem
 
 import (
-	"context"
 	"fmt"
 	"hash/maphash"
 	"strings"
@@ -38,9 +37,11 @@ type options struct {
 }
 
 // WithClock makes the limiter decide on now, for tests with a fake clock.
-// Without it the limiter decides on time.Now, or, as the fallback of a
-// redlimit limiter built with redlimit.WithClock, on that limiter's clock.
-// A nil clock is ErrInvalidConfig.
+// Without it the limiter decides on time.Now, and its views (OnClock) on
+// theirs: as the fallback of a redlimit limiter built with
+// redlimit.WithClock, it decides on that limiter's clock. With it, the
+// limiter keeps now whatever OnClock is asked. A nil clock is
+// ErrInvalidConfig.
 func WithClock(now func() time.Time) Option {
 	return func(o *options) {
 		o.now = now
@@ -79,12 +80,9 @@ type shard[S any] struct {
 	m   map[string]*entry[S]
 }
 
-// store holds the keys of one limiter.
+// store holds the keys of one limiter, and of its views (OnClock).
 type store[S any] struct {
 	seed maphash.Seed
-	// now is WithClock's clock; nil: the clock a redlimit limiter hands its
-	// fallback, else time.Now.
-	now func() time.Time
 	// used is the share of its limit a key's state has in use at a time,
 	// between 0 (initial) and 1 (or more): what eviction goes by.
 	used   func(s *S, nowUS int64) float64
@@ -92,7 +90,7 @@ type store[S any] struct {
 }
 
 func newStore[S any](o options, used func(s *S, nowUS int64) float64) *store[S] {
-	st := &store[S]{seed: maphash.MakeSeed(), now: o.now, used: used}
+	st := &store[S]{seed: maphash.MakeSeed(), used: used}
 	n := 1 // a power of two up to maxShards, each shard minShardKeys or more
 	for n*2 <= maxShards && n*2*minShardKeys <= o.maxKeys {
 		n *= 2
@@ -110,29 +108,52 @@ func (st *store[S]) shard(key string) *shard[S] {
 	return &st.shards[maphash.String(st.seed, key)%uint64(len(st.shards))]
 }
 
-// nowUS is the limiter's clock in Unix µs: its own (WithClock), else the
-// one of the redlimit limiter whose fallback it is deciding for, else
-// time.Now. A clock outside what the scripts take (2001 to 2112) is
-// ErrInvalidArgument, as it is for the Redis limiters.
-func (st *store[S]) nowUS(ctx context.Context, algorithm string) (int64, error) {
+// clock is what a limiter decides on: WithClock's, which is its own and
+// which OnClock never replaces; else the clock OnClock gave its view (a
+// redlimit limiter's, for its fallback); else time.Now. Every limiter
+// here embeds one.
+type clock struct {
+	now func() time.Time // nil: time.Now
+	own bool             // now is WithClock's
+}
+
+func newClock(o options) clock { return clock{now: o.now, own: o.now != nil} }
+
+// clockOf lets onClock reach the clock of any limiter here.
+func (c *clock) clockOf() *clock { return c }
+
+// onClock is OnClock for every limiter here: a shallow copy of l, which
+// shares l's store (a pointer) and immutable configuration and decides on
+// now; or l itself when l has a clock of its own, when now is nil, or for
+// a nil l (whose methods fail as before).
+func onClock[L any, P interface {
+	*L
+	clockOf() *clock
+}](l P, now func() time.Time) P {
+	if l == nil || now == nil || l.clockOf().own {
+		return l
+	}
+	view := *l
+	P(&view).clockOf().now = now
+	return &view
+}
+
+// nowUS is c in Unix µs. A clock outside what the scripts take (2001 to
+// 2112) is ErrInvalidArgument, as it is for the Redis limiters; a limiter
+// without a store is a zero value.
+func (st *store[S]) nowUS(c clock, algorithm string) (int64, error) {
 	if st == nil {
 		return 0, errZeroValue(algorithm)
 	}
-	now := st.clock(ctx)
-	if err := engine.CheckClock(redlimit.ErrInvalidArgument, "inmem "+algorithm, now); err != nil {
+	now := time.Now
+	if c.now != nil {
+		now = c.now
+	}
+	t := now()
+	if err := engine.CheckClock(redlimit.ErrInvalidArgument, "inmem "+algorithm, t); err != nil {
 		return 0, err
 	}
-	return now.UnixMicro(), nil
-}
-
-func (st *store[S]) clock(ctx context.Context) time.Time {
-	if st.now != nil {
-		return st.now()
-	}
-	if now, ok := engine.LimiterNow(ctx); ok {
-		return now
-	}
-	return time.Now()
+	return t.UnixMicro(), nil
 }
 
 // put stores state for key after a decision at nowUS that changed it:
