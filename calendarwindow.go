@@ -1,6 +1,7 @@
 package redlimit
 
 import (
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -104,9 +105,11 @@ func NewCalendarWindow(rdb redis.Scripter, limit int, period Period, opts ...Opt
 	return &CalendarWindow{limiter: l, period: period}, nil
 }
 
-// periodArgs returns the script's ARGV for a call at a time: the starts
-// of the period before it, its own and the three after. They are computed
-// once per period of the host's clock and kept.
+// periodArgs returns the script's ARGV for a call at a time: the start and
+// the end of its period, then the starts of the period before it and of
+// the two after its end, in one argument that the script reads only for
+// times outside that period (each argument costs Redis time on every
+// call). They are computed once per period of the host's clock and kept.
 func periodArgs(period Period) func(now time.Time) []any {
 	type computed struct {
 		fromUS, toUS int64 // the period they were computed for
@@ -119,7 +122,8 @@ func periodArgs(period Period) func(now time.Time) []any {
 			return c.args
 		}
 		b := calendar.Boundaries(period, now)
-		c := &computed{fromUS: b[1], toUS: b[2], args: []any{b[0], b[1], b[2], b[3], b[4]}}
+		others := fmt.Sprintf("%d %d %d", b[0], b[3], b[4])
+		c := &computed{fromUS: b[1], toUS: b[2], args: []any{b[1], b[2], others}}
 		last.Store(c)
 		return c.args
 	}

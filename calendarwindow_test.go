@@ -575,17 +575,26 @@ func TestCalendarWindowServerClock(t *testing.T) {
 	l, err := NewCalendarWindow(rdb, 2, Daily(time.UTC))
 	require.NoError(t, err)
 
-	m.SetTime(time.Now().Add(day))
-	r, err := l.AllowN(ctx, "ahead", 2)
-	require.NoError(t, err)
-	assert.True(t, r.Allowed, "a server a day ahead of the host")
-	_, serverEnd := Daily(time.UTC).Bounds(time.Now().Add(day))
-	assert.InDelta(t, float64(serverEnd.Sub(time.Now().Add(day))), float64(r.ResetAfter), float64(time.Minute),
-		"ResetAfter is the end of the server's day")
+	// A server a day ahead or behind decides in its own day, of those sent.
+	for _, off := range []time.Duration{day, -day} {
+		m.SetTime(time.Now().Add(off))
+		key := fmt.Sprintf("off %v", off)
+		r, err := l.AllowN(ctx, key, 2)
+		require.NoError(t, err)
+		assert.True(t, r.Allowed, "a server clock %v off the host's", off)
+		_, serverEnd := Daily(time.UTC).Bounds(time.Now().Add(off))
+		assert.InDelta(t, float64(serverEnd.Sub(time.Now().Add(off))), float64(r.ResetAfter), float64(time.Minute),
+			"a server clock %v off the host's: ResetAfter is the end of the server's day", off)
+		r, err = l.Allow(ctx, key)
+		require.NoError(t, err)
+		assert.False(t, r.Allowed, "a server clock %v off the host's: its day's 2 are used", off)
+		assert.InDelta(t, float64(serverEnd.Sub(time.Now().Add(off))), float64(r.RetryAfter), float64(time.Minute),
+			"a server clock %v off the host's: RetryAfter is the end of the server's day", off)
+	}
 
 	for _, off := range []time.Duration{3 * day, -2 * day} {
 		m.SetTime(time.Now().Add(off))
-		r, err = l.AllowN(ctx, "off", 1)
+		r, err := l.AllowN(ctx, "off", 1)
 		require.NoError(t, err)
 		assert.False(t, r.Allowed, "a server clock %v off the host's", off)
 		assert.Equal(t, time.Second, r.RetryAfter)
