@@ -484,10 +484,7 @@ func TestConcurrencySharedKeyLongerLease(t *testing.T) {
 		ctx := context.Background()
 		clock, behind := newClock(), newClock()
 		behind.Advance(-2 * time.Second)
-		long, err := NewConcurrency(b.rdb, 1, time.Hour, WithClock(clock.Now), WithPrefix("shared:"))
-		require.NoError(t, err)
-		short, err := NewConcurrency(b.rdb, 1, time.Second, WithClock(behind.Now), WithPrefix("shared:"))
-		require.NoError(t, err)
+		long, short := hourAndSecond(t, b, 1, "shared:", clock.Now, behind.Now)
 		held, err := long.Acquire(ctx, "k")
 		require.NoError(t, err)
 		_, err = short.Acquire(ctx, "k")
@@ -498,4 +495,58 @@ func TestConcurrencySharedKeyLongerLease(t *testing.T) {
 		_, err = short.Acquire(ctx, "k")
 		require.NoError(t, err, "released, the place is the short configuration's")
 	})
+}
+
+// TestConcurrencyTTLFollowsLatestLease: under one WithPrefix, a grant's
+// ResetAfter and the key's TTL reach the latest live lease, another
+// configuration's longer one included, and once that one is released, a
+// grant's reach no further than its own.
+func TestConcurrencyTTLFollowsLatestLease(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		clock := newClock()
+		long, short := hourAndSecond(t, b, 3, "ttl:", clock.Now, clock.Now)
+		res, err := short.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.Equal(t, time.Second, res.ResetAfter, "the short lease alone")
+		held, err := long.Acquire(ctx, "k")
+		require.NoError(t, err)
+		clock.Advance(time.Millisecond)
+		res, err = short.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.Equal(t, time.Hour-time.Millisecond, res.ResetAfter, "the long lease is the latest")
+		requireTTL(t, b, "ttl:k", time.Hour-time.Millisecond, "the key lasts as long")
+		require.NoError(t, held.Release(ctx))
+		clock.Advance(time.Millisecond)
+		res, err = short.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.Equal(t, time.Second, res.ResetAfter, "released, the long lease no longer counts")
+		requireTTL(t, b, "ttl:k", time.Second, "nor keeps the key")
+	})
+}
+
+// hourAndSecond returns two Concurrency limiters of limit leases sharing
+// keys under prefix: one of hour-long leases on clock long, one of
+// second-long leases on clock short.
+func hourAndSecond(t *testing.T, b backend, limit int, prefix string, long, short func() time.Time) (*Concurrency, *Concurrency) {
+	t.Helper()
+	hour, err := NewConcurrency(b.rdb, limit, time.Hour, WithClock(long), WithPrefix(prefix))
+	require.NoError(t, err)
+	second, err := NewConcurrency(b.rdb, limit, time.Second, WithClock(short), WithPrefix(prefix))
+	require.NoError(t, err)
+	return hour, second
+}
+
+// requireTTL checks key's TTL on b: want on a miniredis (its clock stands
+// still), at most 100ms less on a real server (its clock ran on since the
+// grant).
+func requireTTL(t *testing.T, b backend, key string, want time.Duration, what string) {
+	t.Helper()
+	got := b.rdb.PTTL(context.Background(), key).Val()
+	if b.mini != nil {
+		require.Equal(t, want, got, what)
+		return
+	}
+	require.LessOrEqual(t, got, want, what)
+	require.Greater(t, got, want-100*ms, what)
 }

@@ -13,10 +13,13 @@
 -- All times are integer µs. The state is a sorted set (docs/internals.md):
 -- a member per lease, named by its id (an integer never given twice on
 -- the key), scored by its expiry; a lease is live while its expiry is
--- after the key's time. A member "#<recorded>:<last id>" scored 0 ranks
--- first: the key's recorded time (of its latest grant or extend) and the
--- last id given. A grant of n leases takes ids first .. first+n-1, and its
--- token is "<first>.<n>". Lapsed members are trimmed a few per grant.
+-- after the key's time. A member "#<recorded>:<last id>:<reach>" scored 0
+-- ranks first: the key's recorded time (of its latest grant or extend),
+-- the last id given, and how far past the recorded time the latest lease
+-- written lapses: no lease on the key lapses later (releases leave it; a
+-- meta without it has the latest lease read). A grant of n leases takes
+-- ids first .. first+n-1, and its token is "<first>.<n>". Lapsed members
+-- are trimmed a few per grant.
 --
 -- The key's time is max(now, recorded). A recorded time ahead of now by
 -- more than the longest lease the key holds (its latest expiry less the
@@ -30,68 +33,81 @@
 -- "1 remaining 0 reset 0 -1 given".
 
 local NOT_OURS = 'NOTOURS holds %s, not redlimit state; it was left unchanged'
-local META = '^#(%d+):(%d+)$'
+local META = '^#(%d+):(%d+):?(%d*)$'
 local MOST = 10000 -- the most leases a grant takes, as the largest limit
 local TRIM = 8     -- lapsed leases a write trims beyond the ones it adds
+local PEEK = '4'   -- members the state's read returns: the meta, 3 lapsed leases
 local CHUNK = 500  -- members per ZADD or ZREM: Lua's unpack is bounded
 local unpack = table.unpack or unpack -- Lua 5.4 (Dragonfly) has no global unpack
+local call, format, max, min = redis.call, string.format, math.max, math.min
 
 local key = KEYS[1]
 local limit, lease = ARGV[3] + 0, ARGV[4] + 0
 
--- The clock: the caller's, or the server's.
-local function read_clock()
-  local now = tonumber(ARGV[1])
-  if now then return now end
-  local t = redis.call('TIME')
-  return t[1] * 1000000 + t[2]
+-- Read the clock: the caller's, or the server's; as a number, and as the
+-- text %d formats it to (the µs zero-padded after the seconds), which the
+-- common path writes as it is.
+local now, now_text = tonumber(ARGV[1]), ARGV[1]
+if not now then
+  local clock = call('TIME')
+  now, now_text = clock[1] * 1000000 + clock[2], clock[1] .. string.sub('00000' .. clock[2], -6)
 end
 
--- read_state returns the recorded time, the last id and the meta member
--- (nil: a new key), or an error reply for a value that is not ours.
-local function read_state()
-  local first = redis.pcall('ZRANGE', key, 0, 0, 'WITHSCORES')
-  if first.err then
-    local what = 'another type than a sorted set'
-    return nil, nil, nil, redis.error_reply(string.format(NOT_OURS, what))
+-- Read the state: the meta (nil: a new key) and its recorded time, last
+-- id and bound (the recorded time plus the reach; nil when it does not
+-- say), the key's members, and the leases lapsed by now, counted up to
+-- PEEK - 1. The meta ranks first (score 0) and the lapsed leases next, so
+-- one read returns the meta and the lapsed count of a key that holds
+-- fewer than PEEK - 1, and ZCARD counts the live ones with them. Another
+-- type, or a sorted set whose first member is not the meta, is not ours.
+local head = redis.pcall('ZRANGEBYSCORE', key, '-inf', now_text, 'WITHSCORES', 'LIMIT', '0', PEEK)
+if head.err then return redis.error_reply(format(NOT_OURS, 'another type than a sorted set')) end
+local members = call('ZCARD', key)
+local meta, recorded, last_id, bound, seen = nil, 0, 0, nil, 0
+if members > 0 then
+  local at, last, reach = string.match(head[1] or '', META)
+  if not at or head[2] ~= '0' then
+    return redis.error_reply(format(NOT_OURS, 'a sorted set that is not leases'))
   end
-  if #first == 0 then return 0, 0, nil end
-  local recorded, last = string.match(first[1], META)
-  if not recorded or first[2] ~= '0' then
-    local what = 'a sorted set that is not leases'
-    return nil, nil, nil, redis.error_reply(string.format(NOT_OURS, what))
-  end
-  return recorded + 0, last + 0, first[1]
+  meta, recorded, last_id, seen = head[1], at + 0, last + 0, math.floor(#head / 2) - 1
+  if reach ~= '' then bound = recorded + reach end
 end
 
-local now = read_clock()
-local recorded, last_id, meta, foreign = read_state()
-if foreign then return foreign end
+-- text_of returns an integer's decimal text; now's, the common one, is
+-- not formatted again.
+local function text_of(x)
+  if x == now then return now_text end
+  return format('%d', x)
+end
 
 -- The key's time, and the clock gone wrong: ahead of now by more than
 -- the longest lease the key holds (another configuration's may be longer).
-local t = math.max(now, recorded)
+local t = max(now, recorded)
 local window = lease
 if recorded > now + lease then
-  local latest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  window = math.max(lease, latest[2] - recorded)
+  local latest = call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  window = max(lease, latest[2] - recorded)
 end
 local wrong = recorded > now + window
 
--- Count: members after the meta, lapsed first (score <= t), then live.
-local lapsed = redis.call('ZCOUNT', key, '(0', string.format('%d', t))
+-- Count: members after the meta, lapsed first (score <= t), then live. The
+-- read counted those lapsed by now, unless there may be more.
+local lapsed = seen
+if t > now or seen == PEEK - 1 then
+  lapsed = call('ZCOUNT', key, '(0', format('%d', t))
+end
 local live = 0
-if meta then live = redis.call('ZCARD', key) - 1 - lapsed end
+if meta then live = members - 1 - lapsed end
 
 -- effective is the expiry a call reads for a live lease's own.
 local function effective(expiry)
-  if wrong then return math.min(expiry, now + window) end
+  if wrong then return min(expiry, now + window) end
   return expiry
 end
 
 -- expiry_at returns the effective expiry of the i-th earliest live lease.
 local function expiry_at(i)
-  local m = redis.call('ZRANGE', key, lapsed + i, lapsed + i, 'WITHSCORES')
+  local m = call('ZRANGE', key, lapsed + i, lapsed + i, 'WITHSCORES')
   return effective(m[2] + 0)
 end
 
@@ -101,11 +117,11 @@ local function report(count, retry, latest)
   local reset = 0
   if count > 0 then
     if not latest then
-      latest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2] + 0
+      latest = call('ZRANGE', key, -1, -1, 'WITHSCORES')[2] + 0
     end
     reset = effective(latest) - now
   end
-  return string.format('%d %d %d', math.max(0, limit - count), retry, reset)
+  return format('%d %d %d', max(0, limit - count), retry, reset)
 end
 
 -- deny replies a denial that needs the excess-th earliest live lease to
@@ -114,13 +130,13 @@ local function deny(excess)
   local retry, stable = -1, -1
   if live > 0 then stable = expiry_at(1) - now end
   if excess > 0 then retry = expiry_at(excess) - now end
-  return string.format('0 %s 0 %d', report(live, retry), stable)
+  return format('0 %s 0 %d', report(live, retry), stable)
 end
 
 -- each_chunk calls command on the members of list, CHUNK at a time.
 local function each_chunk(command, list, per)
   for i = 1, #list, CHUNK * per do
-    redis.call(command, key, unpack(list, i, math.min(#list, i + CHUNK * per - 1)))
+    call(command, key, unpack(list, i, min(#list, i + CHUNK * per - 1)))
   end
 end
 
@@ -129,8 +145,8 @@ end
 local function ids_of(first, n)
   local found, expiries, alive = {}, {}, 0
   for id = first, first + n - 1 do
-    local member = string.format('%d', id)
-    local score = redis.call('ZSCORE', key, member)
+    local member = format('%d', id)
+    local score = call('ZSCORE', key, member)
     if score then
       found[#found + 1], expiries[#found + 1] = member, score + 0
       if score + 0 > t then alive = alive + 1 end
@@ -144,10 +160,10 @@ end
 -- latest) and returns the time a grant or extend writes from.
 local function write_time()
   if not wrong then return t end
-  redis.call('ZREMRANGEBYSCORE', key, '(0', string.format('%d', t))
+  call('ZREMRANGEBYSCORE', key, '(0', format('%d', t))
   lapsed = 0
   local capped = {}
-  local over = redis.call('ZRANGEBYSCORE', key, string.format('(%d', now + window), '+inf')
+  local over = call('ZRANGEBYSCORE', key, format('(%d', now + window), '+inf')
   for _, member in ipairs(over) do
     capped[#capped + 1] = now + window
     capped[#capped + 1] = member
@@ -157,44 +173,54 @@ local function write_time()
 end
 
 -- commit writes a grant or an extend: it trims up to most lapsed leases,
--- the earliest first, writes the (score, member) pairs of leases and the
--- meta recording w and the last id, and keeps the key until its latest
+-- the earliest first, writes the (score, member) pairs of leases, the
+-- latest of which lapses at top, and the meta recording w, the last id and
+-- the latest expiry's reach past w, and keeps the key until its latest
 -- lease lapses, whose expiry it returns. The old meta ranks first, just
 -- before the lapsed leases, so one ZREMRANGEBYRANK drops it with them and
--- one ZADD writes the leases with the new meta: a grant sends 3 commands
--- fewer than trimming, replacing the meta and reporting the latest
--- expiry each on its own.
-local function commit(w, leases, most)
-  local j = math.min(lapsed, most)
-  if meta then redis.call('ZREMRANGEBYRANK', key, 0, j) end
+-- one ZADD writes the leases with the new meta. The latest expiry is top
+-- when the old meta's bound is not later (a key of one configuration);
+-- else it is read. A reach of a lease is the lease's text, as Go sent it.
+local function commit(w, leases, top, most)
+  local j = min(lapsed, most)
+  local latest = top
+  if meta then
+    call('ZREMRANGEBYRANK', key, '0', j)
+    if not (bound and bound <= top) then
+      local last = call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      if last[2] then latest = max(top, last[2] + 0) end
+    end
+  end
   lapsed = lapsed - j
-  meta = string.format('#%d:%d', w, last_id)
-  leases[#leases + 1] = 0
+  local reach = ARGV[4]
+  if latest - w ~= lease then reach = format('%d', latest - w) end
+  meta = '#' .. text_of(w) .. ':' .. text_of(last_id) .. ':' .. reach
+  leases[#leases + 1] = '0'
   leases[#leases + 1] = meta
   each_chunk('ZADD', leases, 2)
-  local latest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2] + 0
-  redis.call('PEXPIRE', key, math.ceil((latest - now) / 1000))
+  call('PEXPIRE', key, math.ceil((latest - now) / 1000))
   return latest
 end
 
--- take adds n leases lapsing a lease after w and returns their token and
+-- take adds n leases lapsing a lease after w and returns the first id and
 -- the latest expiry.
 local function take(w, n)
-  local first = math.max(last_id + 1, w)
+  local first = max(last_id + 1, w)
   local added = {}
   for id = first, first + n - 1 do
     added[#added + 1] = w + lease
-    added[#added + 1] = string.format('%d', id)
+    added[#added + 1] = text_of(id)
   end
   last_id = first + n - 1
   live = live + n
-  return string.format('%d.%d', first, n), commit(w, added, n + TRIM)
+  return first, n, commit(w, added, w + lease, n + TRIM)
 end
 
--- grant replies an allowed call with its token; latest is the latest
--- expiry, as commit returned it.
-local function grant(token, latest)
-  return string.format('1 %s 0 -1 %s', report(live, 0, latest), token)
+-- grant replies an allowed call with the token of the n leases from first;
+-- latest is the latest expiry, as commit returned it.
+local function grant(first, n, latest)
+  local remaining = max(0, limit - live)
+  return format('1 %d 0 %d 0 -1 %s.%d', remaining, effective(latest) - now, text_of(first), n)
 end
 
 -- Release: the first k leases of a grant; those live free their places.
@@ -205,7 +231,7 @@ local function release(k, first, n)
     each_chunk('ZREM', found, 1)
     given, live = alive, live - alive
   end
-  return string.format('1 %s 0 -1 %d', report(live, 0), given)
+  return format('1 %s 0 -1 %d', report(live, 0), given)
 end
 
 -- Extend: all of a grant's leases live another lease from the key's time,
@@ -219,12 +245,13 @@ local function extend(first, n)
   local others = live - mine
   if mine == n then
     local w = write_time()
-    local moved = {}
+    local moved, top = {}, w + lease
     for i, member in ipairs(found) do
-      moved[#moved + 1] = math.max(effective(expiries[i]), w + lease)
+      moved[#moved + 1] = max(effective(expiries[i]), w + lease)
       moved[#moved + 1] = member
+      top = max(top, moved[#moved - 1])
     end
-    return grant(string.format('%d.%d', first, n), commit(w, moved, TRIM))
+    return grant(first, n, commit(w, moved, top, TRIM))
   end
   if n > limit then return deny(0) end
   -- The others must lapse: the grant's own, interleaved, lapse too.
@@ -251,6 +278,6 @@ if sign == '+' then
 end
 local n = what + 0
 if n > limit then return deny(0) end
-if n == 0 then return string.format('1 %s 0 -1', report(live, 0)) end
+if n == 0 then return format('1 %s 0 -1', report(live, 0)) end
 if live + n > limit then return deny(live + n - limit) end
 return grant(take(write_time(), n))
