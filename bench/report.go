@@ -192,10 +192,18 @@ type rowResult struct {
 }
 
 func summarize(rows []*row) []rowResult {
+	// A row is held against the ceiling of its workload on its own link:
+	// loopback, or the link rows' (features.go).
+	onLink := func(r *row) string {
+		if strings.HasSuffix(r.c.name, linkSuffix) {
+			return r.workload + linkSuffix
+		}
+		return r.workload
+	}
 	ceiling := map[string]*row{}
 	for _, r := range rows {
 		if r.c.algorithm == "return1" {
-			ceiling[r.workload] = r
+			ceiling[onLink(r)] = r
 		}
 	}
 	var out []rowResult
@@ -216,7 +224,7 @@ func summarize(rows []*row) []rowResult {
 		if r.firstErr != nil {
 			res.FirstError = r.firstErr.Error()
 		}
-		if c := ceiling[r.workload]; c != nil {
+		if c := ceiling[onLink(r)]; c != nil {
 			var ratios []float64
 			for i := range r.perSecond {
 				ratios = append(ratios, r.perSecond[i]/c.perSecond[i])
