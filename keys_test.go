@@ -147,8 +147,8 @@ func TestDefaultKeyFingerprint(t *testing.T) {
 // configurations in this release.
 var goldenPrefixes = map[string]string{
 	"fw": "redlimit:fw:u7gl87:", // state format 3: a window lasts its stored length; refunds
-	"sw": "redlimit:sw:18mo6n:", // state format 10: the key's time, refunds
-	"sl": "redlimit:sl:bn085k:", // state format 10
+	"sw": "redlimit:sw:0nhe7r:", // state format 11: the key's time, refunds, a full key's note
+	"sl": "redlimit:sl:qq2krk:", // state format 11
 	"lb": "redlimit:lb:h5fkuk:", // state format 5: the key's time, parts by rate, refunds by position
 	"tb": "redlimit:tb:p4dc5u:", // state format 5
 }

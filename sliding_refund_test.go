@@ -144,8 +144,9 @@ func TestSlidingRefundAgainstModel(t *testing.T) {
 			}
 			m := model.NewSlidingLog(precision.Microseconds(), limits, windows)
 			clock := newClock()
-			l, err := NewSlidingLog(be.rdb, precision, s, WithPrefix(fmt.Sprintf("refund:%d:", tr)), WithClock(clock.Now))
+			l, err := NewSlidingLog(be.rdb, precision, s, keysOf(tr, fmt.Sprintf("refund:%d:", tr)), WithClock(clock.Now))
 			require.NoError(t, err)
+			require.NoError(t, l.Reset(ctx, "k"))
 			type granted struct {
 				grant Grant
 				id    int64

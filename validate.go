@@ -44,7 +44,7 @@ func bucketsPerWindow(algorithm string, window, precision time.Duration) (size, 
 // a sliding window or "l" for a sliding log, precision, then limit and size
 // of each strategy, and "1" under WithPrefix; scripts/sliding.lua).
 func (s spec) sliding(kind string, precisionUS int64, sizes []int64) spec {
-	s.format = 10
+	s.format = 11
 	s.script = slidingScript
 	s.args = []any{kind, precisionUS}
 	// Under WithPrefix, other configurations may share the key: the

@@ -25,25 +25,19 @@ const stringHot = `redis.call('TIME')
 if not redis.call('GET', KEYS[1]) then redis.call('SET', KEYS[1], ARGV[1], 'PX', 1000) end
 return ARGV[2]`
 
-// slidingHot is the hot path of the sliding state (format 10) with k
-// strategies: TIME, the note and the aux in one ZRANGE, the count before
-// each strategy's window (one ZREVRANGEBYSCORE each), and the denying
-// strategy's first buckets (a ZRANGEBYSCORE); a denial writes nothing. The
-// key holds a note and a bucket, written when it is missing.
-func slidingHot(k int) string {
-	return fmt.Sprintf(`redis.call('TIME')
+// slidingHot is the hot path of the sliding state (format 11): a key full
+// since its last grant denies one permit from its note, read with the aux
+// in one ZRANGE after TIME, and writes nothing. The key holds a note and a
+// bucket, written when it is missing.
+const slidingHot = `redis.call('TIME')
 if #redis.call('ZRANGE', KEYS[1], '0', '1') == 0 then
   redis.call('ZADD', KEYS[1], 0, ARGV[1], 1000999, '7') redis.call('PEXPIRE', KEYS[1], 1000)
 end
-for i = 1, %d do
-  redis.call('ZREVRANGEBYSCORE', KEYS[1], '(2000000', 2, 'LIMIT', '0', '1')
-end
-redis.call('ZRANGEBYSCORE', KEYS[1], '2000000', '(4503599627370496', 'WITHSCORES', 'LIMIT', '0', '1')
-return ARGV[2]`, k)
-}
+return ARGV[2]`
 
-// slidingAllow is a grant in the tail's bucket with k strategies: TIME, the
-// note and the aux, the count before each strategy's window, the note of
+// slidingAllow is a grant in the tail's bucket with k strategies, on a key
+// that holds a bucket: TIME, the note and the aux, the count before each
+// strategy's window (a key holding its note alone skips these), the note of
 // the new count (a ZADD of a new member: ARGV[1] and ARGV[1] .. 'x' in
 // turn) and the old one's ZREM.
 func slidingAllow(k int) string {
@@ -66,6 +60,9 @@ return ARGV[2]`, k)
 // slidingNote is a string of the length of a sliding key's note after a
 // dozen grants (the floors never read it as state).
 const slidingNote = "w:12 1800000000299166"
+
+// slidingFullNote is that of a key full since its last grant.
+const slidingFullNote = slidingNote + "|1:900000"
 
 // floorScripts maps algorithm → workload → floor script. ARGV[1] is a
 // value of the state's shape, ARGV[2] the reply.
@@ -103,11 +100,11 @@ return ARGV[2]`, "17950000000000002", "1 999999 0 60 0 60"},
 	// A grant's reply carries its token.
 	"sliding_window": {
 		"allow": {slidingAllow(1), slidingNote, "1 999988 0 60000000 0 0 1800000000999999.13.1"},
-		"hot":   {slidingHot(1), slidingNote, "0 0 59211562 59211562 0 211562"},
+		"hot":   {slidingHot, slidingFullNote, "0 0 59211562 59211562 0 211562"},
 	},
 	"sliding_log": {
 		"allow": {slidingAllow(2), slidingNote, "1 999988 0 600000000 0 0 1800000000999999.13.1"},
-		"hot":   {slidingHot(2), slidingNote, "0 0 59211562 590211562 0 211562"},
+		"hot":   {slidingHot, slidingFullNote, "0 0 59211562 590211562 0 211562"},
 	},
 }
 

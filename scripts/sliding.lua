@@ -20,10 +20,12 @@
 -- through format('%d') (Lua's own conversion keeps 14 digits). Counts are
 -- kept modulo COUNTS = 2^52: a count in a window is a difference of two.
 --
--- State, format 10 (docs/internals.md), a sorted set:
+-- State, format 11 (docs/internals.md), a sorted set:
 --   score 0       the note "<kind>:K t", then " d" under WithPrefix: K the
 --                 key's count (every permit it granted), t the key's time
---                 (the latest clock a grant decided at), t + d the tail.
+--                 (the latest clock a grant decided at), t + d the tail;
+--                 on a default key the last grant left full, "|i:o,...":
+--                 strategy i is full until t + o (see full_denial).
 --   score 1       the aux, only once the key trimmed buckets or took a
 --                 refund: "<kind>+base C H x g", then " lo hi" for each range
 --                 of refunded positions (see the refund step).
@@ -76,7 +78,7 @@ local FIRST = '2' -- the lowest score a bucket can have (its position is at leas
 local SCAN = 8 -- most buckets one call reads to find a RetryAfter, or trims
 local SCAN_LIMITS = '12345678' -- sub(SCAN_LIMITS, m, m): m <= SCAN as Redis reads it
 local RANGES = 16 -- most ranges of refunded positions a key keeps
-local NOTE = '^(%a):(%d+) (%d+) ?(%d*)$'
+local NOTE = '^(%a):(%d+) (%d+) ?(%d*)()'
 local AUX = '^(%a)%+(%d+) (%d+) (%d+) (%d+) (%d+)()'
 
 -- The densest strategy (most permits per µs) of ARGV's configuration: own
@@ -97,6 +99,34 @@ local function aux_text(kind, base, C, H, x, g, ranges)
     text = text .. format(' %d %d', r.lo, r.hi)
   end
   return text
+end
+
+-- full_denial replies a request of one permit on a default key whose last
+-- grant left some of its strategies full, from the note alone; nil when
+-- none is still full. The note lists them, "|i:o,...": strategy i holds its
+-- whole limit until t + o, when the first bucket of its window leaves it.
+-- Until then it denies one permit with that wait, as the check step would
+-- find by reading the buckets; one past it has freed a permit (a bucket
+-- holds one at least while no refund is recorded), and one not listed had
+-- one left, and only a grant (which rewrites the note) takes more. It
+-- saves a hot key's denial its two reads of buckets, a quarter to a third
+-- of its Redis time (BENCHMARKS.md, "A full key's denial from its note").
+local function full_denial(full, t, now, clock, T, P, own)
+  local retry, reported, stable = -1, nil, math.huge
+  for i, o in string.gmatch(full, '(%d+):(%d+)') do
+    local wait = t + o - clock
+    if t + o > now then
+      if wait > retry then reported, retry = i + 0, wait end
+      if wait < stable then stable = wait end
+    end
+  end
+  if not reported then return nil end
+  local reset = retry
+  for i = 1, own do
+    local tail = T - T % P + ARGV[2 * i + 4] * P - clock
+    if tail > reset then reset = tail end
+  end
+  return format('0 0 %d %d %d %d', retry, reset, reported - 1, stable)
 end
 
 -- Read the request: n (or a refund) and the caller's configuration, whose
@@ -132,13 +162,14 @@ if rows.err then
   return redis.error_reply('NOTOURS holds another type than sliding state, not redlimit ' ..
     'state; it was left unchanged')
 end
-local note, K, t, T = rows[1], 0, -1, -1
+local note, K, t, T, full = rows[1], 0, -1, -1, ''
 local aux, base, C, H, x, g, ranges = nil, 0, 0, 0, 0, 0, nil
 local meta, Ln, Wn, Lm, entries, sig
 if note then
-  local note_kind, k, at, d = match(note, NOTE)
+  local note_kind, k, at, d, rest = match(note, NOTE)
   if note_kind == kind then K = k + 0 end
-  if note_kind ~= kind or K >= COUNTS then
+  if rest and rest <= #note then full = sub(note, rest) end
+  if note_kind ~= kind or K >= COUNTS or (full ~= '' and string.byte(full) ~= 124) then
     return redis.error_reply('NOTOURS holds a sorted set that is not sliding state, not ' ..
       'redlimit state; it was left unchanged')
   end
@@ -150,9 +181,11 @@ if note then
     local aux_kind, b, c, h, xx, gg, rest = match(second, AUX)
     if aux_kind == kind then
       aux, base, C, H, x, g = second, b + 0, c + 0, h + 0, xx + 0, gg + 0
-      for lo, hi in string.gmatch(string.sub(second, rest), ' (%d+) (%d+)') do
-        ranges = ranges or {}
-        ranges[#ranges + 1] = {lo = lo + 0, hi = hi + 0}
+      if rest <= #second then
+        for lo, hi in string.gmatch(sub(second, rest), ' (%d+) (%d+)') do
+          ranges = ranges or {}
+          ranges[#ranges + 1] = {lo = lo + 0, hi = hi + 0}
+        end
       end
     end
   end
@@ -177,6 +210,13 @@ end
 local now, wrong = clock, false
 if t > clock then
   if t - clock > longest then wrong = true else now = t end
+end
+
+-- A key full since its last grant denies one permit from its note (see
+-- full_denial), while no refund is recorded.
+if full ~= '' and n == 1 and not shared and not wrong and not ranges and g == 0 then
+  local reply = full_denial(full, t, now, clock, T, P, own)
+  if reply then return reply end
 end
 
 -- The strategies: the caller's own (in ARGV), then under WithPrefix those
@@ -338,7 +378,7 @@ if T > e and not wrong then e = T end
 -- trimmed away (unseen) leaves before any bucket.
 local fewest, own_fewest, own_index, reset, grant_reset = math.huge, math.huge, 1, 0, 0
 local retry, reported, denied, denied_stable = -1, nil, false, math.huge
-local held, held_from = nil, nil
+local held, held_from, fills = nil, nil, nil
 if wrong then held_from = t - t % P - (ARGV[last] - 1) * P end
 for i = 1, count_strategies do
   local L, S, p, index, till
@@ -355,10 +395,14 @@ for i = 1, count_strategies do
   local below = nil
   if T >= from then
     below = format('%d', from - 1)
-    local row = call('ZREVRANGEBYSCORE', key, below, FIRST, 'LIMIT', '0', '1')
+    -- (A key that holds its note alone has no bucket to look up.)
+    local found = nil
+    if rows[2] then
+      found = call('ZREVRANGEBYSCORE', key, below, FIRST, 'LIMIT', '0', '1')[1]
+    end
     before = base % COUNTS
-    if row[1] then
-      before = row[1] + 0
+    if found then
+      before = found + 0
     elseif from <= C then
       local ln, wn, lm = Ln, Wn, Lm
       if not ln then
@@ -369,6 +413,12 @@ for i = 1, count_strategies do
     end
     count = (K - before) % COUNTS + unseen
     if refunded_from then count = count - refunded_from(before) end
+  end
+  if n > 0 and index > 0 and count + n == L and unseen == 0
+      and not (shared or wrong or refunded) then
+    -- A grant would leave this strategy full: the note says until when.
+    fills = fills or {}
+    fills[#fills + 1], fills[#fills + 2] = i, below or false
   end
   if wrong then
     held, tail_at = count, -1
@@ -487,6 +537,24 @@ if not wrong then
     new_meta = format('%s %d %d %d', kind, ln, wn, lm)
   else
     new_note = format('%s:%d %d', kind, new_K, now)
+    if fills and K + n < COUNTS then
+      -- Each strategy this grant leaves full, and when the first bucket
+      -- of its window leaves it (the oldest member from its start, else
+      -- the tail, old or new), for full_denial.
+      local sep = '|'
+      for j = 1, #fills, 2 do
+        local i, below, first = fills[j], fills[j + 1], e
+        if below then first = T end
+        if below and rows[2] then
+          local got = call('ZRANGEBYSCORE', key, '(' .. below, BEFORE_ENTRIES, 'WITHSCORES',
+            'LIMIT', '0', '1')
+          if got[2] then first = got[2] + 0 end
+        end
+        local leaves = first - first % P + ARGV[2 * i + 4] * P
+        new_note = format('%s%s%d:%d', new_note, sep, i, leaves - now)
+        sep = ','
+      end
+    end
   end
   if not new_aux and (base > 0 or C > 0 or H > 0) then
     new_aux = aux_text(kind, base, C, H, x, g, ranges)
