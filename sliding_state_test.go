@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -898,4 +899,49 @@ func TestSlidingCommandsPerDecision(t *testing.T) {
 		require.LessOrEqual(t, total, most, "%T: commands for %d grants and %d denials (%v)", c.l, grants, denials, after)
 		clock.Advance(2 * time.Hour)
 	}
+}
+
+// A full key's note (docs/internals.md) lists at most one entry per
+// strategy, each within its window. A list the script could not have
+// written (written into Redis by hand) is not read: the call decides by the
+// buckets, as on the same key with its own note, and never errs.
+func TestSlidingFullNoteOutOfBoundsIsNotRead(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		be.keepKeys()
+		clock := newClock()
+		l, err := NewSlidingLog(be.rdb, 100*ms, []Strategy{{2, time.Second}, {3, 10 * time.Second}}, WithClock(clock.Now))
+		require.NoError(t, err)
+		// Full in both strategies: the note lists both.
+		for _, at := range []time.Duration{0, 200 * ms, 1100 * ms} {
+			clock.now = epoch.Add(at)
+			r, err := l.Allow(ctx, "own")
+			require.NoError(t, err)
+			require.True(t, r.Allowed, "grant at %v", at)
+		}
+		own := redisKey(l, "own")
+		note := be.rdb.ZRange(ctx, own, 0, 0).Val()
+		require.Len(t, note, 1)
+		require.Contains(t, note[0], "|", "the last grant left the key full")
+		base := note[0][:strings.Index(note[0], "|")]
+		for i, list := range []string{"|3:5", "|0:5", "|1:10000001", "|1:5,2:5,1:5", "|2:99999999999999999999"} {
+			key := fmt.Sprintf("hand%d", i)
+			// A copy of the key with that list (miniredis has no RESTORE of
+			// a sorted set).
+			members := be.rdb.ZRangeWithScores(ctx, own, 0, -1).Val()
+			members[0].Member = base + list
+			require.NoError(t, be.rdb.ZAdd(ctx, redisKey(l, key), members...).Err())
+			require.NoError(t, be.rdb.PExpire(ctx, redisKey(l, key), time.Hour).Err())
+			for _, at := range []time.Duration{1150 * ms, 2100 * ms} {
+				clock.now = epoch.Add(at)
+				want, err := l.Allow(ctx, "own")
+				require.NoError(t, err)
+				require.False(t, want.Allowed)
+				got, err := l.Allow(ctx, key)
+				require.NoError(t, err, "%q at %v", list, at)
+				require.Equal(t, withoutGrant(want), withoutGrant(got), "%q at %v", list, at)
+			}
+		}
+	})
 }

@@ -111,12 +111,15 @@ end
 -- one left, and only a grant (which rewrites the note) takes more. It
 -- saves a hot key's denial its two reads of buckets, a quarter to a third
 -- of its Redis time (BENCHMARKS.md, "A full key's denial from its note").
-local function full_denial(full, t, now, clock, T, P, own)
-  local retry, reported, stable = -1, nil, math.huge
+local function full_denial(full, t, now, clock, T, P, own, longest)
+  local retry, reported, stable, listed = -1, nil, math.huge, 0
   for i, o in string.gmatch(full, '(%d+):(%d+)') do
+    i, o, listed = i + 0, o + 0, listed + 1
+    -- (A list this script could not have written: the steps decide.)
+    if listed > own or i < 1 or i > own or o > longest then return nil end
     local wait = t + o - clock
     if t + o > now then
-      if wait > retry then reported, retry = i + 0, wait end
+      if wait > retry then reported, retry = i, wait end
       if wait < stable then stable = wait end
     end
   end
@@ -215,7 +218,7 @@ end
 -- A key full since its last grant denies one permit from its note (see
 -- full_denial), while no refund is recorded.
 if full ~= '' and n == 1 and not shared and not wrong and not ranges and g == 0 then
-  local reply = full_denial(full, t, now, clock, T, P, own)
+  local reply = full_denial(full, t, now, clock, T, P, own, longest)
   if reply then return reply end
 end
 
