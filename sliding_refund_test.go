@@ -362,3 +362,38 @@ func TestSlidingRefundFortyShuffled(t *testing.T) {
 		})
 	}
 }
+
+// A key keeps 16 ranges of refunded positions; the 17th refund forgets the
+// lowest range, and only the grants below it can no longer be refunded
+// (docs/internals.md, "Refunds"). 17 pairs of grants of one permit, a then
+// b, and the a of each pair refunded from the last to the first: the
+// ranges stay apart, and the 17th, the first pair's, is the lowest. Every
+// b above it still gives back; one below it would not.
+func TestSlidingRefundForgetsTheLowestRange(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, be backend) {
+		ctx := context.Background()
+		be.keepKeys()
+		clock := newClock()
+		l, err := NewSlidingWindow(be.rdb, 100, time.Hour, time.Second, WithClock(clock.Now))
+		require.NoError(t, err)
+		var a, b []Grant
+		for range 17 {
+			for _, list := range []*[]Grant{&a, &b} {
+				clock.Advance(10 * ms)
+				r, err := l.Allow(ctx, "k")
+				require.NoError(t, err)
+				require.True(t, r.Allowed)
+				*list = append(*list, r.Grant)
+			}
+		}
+		for i := 16; i >= 0; i-- {
+			require.NoError(t, a[i].Refund(ctx, 1))
+		}
+		require.Equal(t, 100-34+17, remaining(t, l, "k"), "every a given back")
+		for i, g := range []Grant{b[15], b[0]} {
+			require.NoError(t, g.Refund(ctx, 1))
+			require.Equal(t, 100-34+17+1+i, remaining(t, l, "k"), "b%d, above the forgotten range, gives back", []int{16, 1}[i])
+		}
+	})
+}

@@ -272,7 +272,9 @@ if ranges or g > 0 or refund_arg then
     if lo > hi then return refunded(lo, COUNTS) + refunded(0, hi) end
     local sum = 0
     for _, r in ipairs(ranges) do
-      local from, to = math.max(r.lo, lo), math.min(r.hi, hi)
+      local from, to = r.lo, r.hi
+      if from < lo then from = lo end
+      if to > hi then to = hi end
       if to > from then sum = sum + to - from end
     end
     return sum
@@ -321,16 +323,20 @@ if refund_arg then
     if ok and math.min(fk, fn) - r > 0 then
       given = math.min(fk, fn) - r
       local lo, hi, trimmed = a + r, a + r + given, base % COUNTS
-      local kept = {}
+      -- The ranges are sorted and apart: the new one, merged with those
+      -- it touches, goes before the first range past it.
+      local kept, placed = {}, false
       for _, range in ipairs(ranges or {}) do
         if range.hi < lo or range.lo > hi then
+          if range.lo > hi and not placed then
+            kept[#kept + 1], placed = {lo = lo, hi = hi}, true
+          end
           if range.hi > trimmed or trimmed > K then kept[#kept + 1] = range end
         else
           lo, hi = math.min(lo, range.lo), math.max(hi, range.hi)
         end
       end
-      kept[#kept + 1] = {lo = lo, hi = hi}
-      table.sort(kept, function(p, q) return p.lo < q.lo end)
+      if not placed then kept[#kept + 1] = {lo = lo, hi = hi} end
       if #kept > RANGES then
         local low = table.remove(kept, 1)
         if g > 0 and H <= trimmed and trimmed <= K then g = 0 end
