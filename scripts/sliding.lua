@@ -309,8 +309,13 @@ if refund_arg then
   local a = fs - fn
   given = 0
   if note and not wrong and fn >= 1 and fe > C and fe <= T and fs <= K and a >= H then
-    local found = call('ZREVRANGEBYSCORE', key, format('%d', fe), FIRST,
-      'WITHSCORES', 'LIMIT', '0', '2')
+    -- The bucket at e, and the one before it (none on a key of its note
+    -- alone).
+    local found = {}
+    if rows[2] then
+      found = call('ZREVRANGEBYSCORE', key, format('%d', fe), FIRST, 'WITHSCORES',
+        'LIMIT', '0', '2')
+    end
     local upto, prev, ok = K, base % COUNTS, true
     if fe ~= T then
       ok = found[2] == format('%d', fe)
