@@ -26,7 +26,8 @@ func lookBucket(t *testing.T, l Limiter, key string) Result {
 }
 
 // Step by step, on a bucket of 10 at 1 a second: what a refund gives back,
-// twice, past what was given, after some permits drained, after all did.
+// twice, past what was given, after some permits drained, after all did;
+// then a key's first refund.
 func TestBucketRefundSteps(t *testing.T) {
 	t.Parallel()
 	for _, alg := range bucketAlgorithms {
@@ -72,6 +73,31 @@ func TestBucketRefundSteps(t *testing.T) {
 				require.NoError(t, err)
 				require.True(t, r.Allowed, "a refund after every permit drained gives nothing, and breaks nothing")
 				require.Zero(t, lookBucket(t, l, "k").Remaining)
+
+				// The first refund of a key never refunded (the short
+				// form): of the earlier of two grants, it leaves the
+				// later one's refund whole; a token whose positions end
+				// past what the key now holds (of a longer earlier life
+				// of the key) gives nothing.
+				grant := func(n int) Grant {
+					t.Helper()
+					r, err := l.AllowN(ctx, "first", n)
+					require.NoError(t, err)
+					require.True(t, r.Allowed)
+					return r.Grant
+				}
+				earlier, later := grant(2), grant(1)
+				require.NoError(t, earlier.Refund(ctx, 2))
+				require.Equal(t, 9, lookBucket(t, l, "first").Remaining, "the earlier grant given back")
+				require.NoError(t, later.Refund(ctx, 1))
+				require.Equal(t, 10, lookBucket(t, l, "first").Remaining, "the later grant given back too")
+				gone := grant(5)
+				require.NoError(t, b.rdb.Del(ctx, keyPrefix(l)+"first").Err()) // as if it expired
+				now := grant(1)
+				require.NoError(t, gone.Refund(ctx, 5))
+				require.Equal(t, 9, lookBucket(t, l, "first").Remaining, "positions past the level give nothing")
+				require.NoError(t, now.Refund(ctx, 1))
+				require.Equal(t, 10, lookBucket(t, l, "first").Remaining)
 			})
 		})
 	}

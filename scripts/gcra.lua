@@ -46,7 +46,8 @@ local LONG = '^([1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d) (.-) (%d)$'
 local PART = '^(%d+)/([1-9]%d*)/([1-9]%d*)$'
 local LABELS = '^(%d+)@(%-?%d+)%+?(%d*)%^?(%d*)$'
 local RANGE = '^(%d+):([1-9]%d*)$'
-local TOKEN = '^([1-9]%d*):([1-9]%d*)%+?(%d*)%.?(%d*)$'
+-- A refund's ARGV[2]: k, then the token (a grant's permits, where they end).
+local REFUND = '^%-([1-9]%d*):([1-9]%d*):([1-9]%d*)%+?(%d*)%.?(%d*)$'
 -- Formats 2 and 3, released: a time the bucket is empty, and no key time.
 local OLD_WHOLE = '^([1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)(%d)$'
 local OLD_FRACTION = '^([1-9]%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)(%d)%+([1-9]%d*)/([1-9]%d*)$'
@@ -120,10 +121,12 @@ else
 end
 local capacity, per, count = ARGV[3] + 0, ARGV[4] + 0, ARGV[5] + 0
 local full, shared = capacity * per, ARGV[6] == '1'
-local n, refund, token = 0, nil, nil
+-- A refund's k, and its token read (took nil: a token the script cannot
+-- read, which gives nothing).
+local n, refund, took, e_us, e_ticks, e = 0, nil, nil, nil, nil, nil
 if string.byte(ARGV[2]) == 45 then -- '-': a refund
-  refund, token = string.match(ARGV[2], '^%-([1-9]%d*):(.*)$')
-  refund, token = tonumber(refund) or 0, token or ''
+  refund, took, e_us, e_ticks, e = string.match(ARGV[2], REFUND)
+  refund = tonumber(refund) or 0
 else
   n = ARGV[2] + 0
 end
@@ -139,13 +142,12 @@ end
 local r, level_r, tag = now, 0, TAG
 if value then r, level_r, tag = string.match(value, SHORT) end
 local short = r and tag == TAG
-local simple = short and not (refund and value)
 
 -- The parts' functions (these locals, each over its arguments alone) are
--- built only when the state has parts, or a refund reads it as one part.
+-- built only when the state has parts.
 local floor_div, fresh_labels, drained_to, rebase, given_back, give_range, never_refunded,
   write_part
-if not simple then
+if not short then
   -- floor_div returns floor(a / b) for integers a (of either sign), b > 0.
   function floor_div(a, b)
     local q = math.floor(a / b)
@@ -257,9 +259,6 @@ local level, counts, pers, labels
 local old = false -- format 2 or 3: no key time; the level is taken at now
 if short then
   r, level_r = r + 0, level_r + 0
-  if not simple then
-    level, counts, pers, labels = {level_r}, {count}, {per}, {fresh_labels(0)}
-  end
 else
   local us, num, den, c, p, cap
   level, counts, pers, labels, level_r = {}, {}, {}, {}, 0
@@ -445,8 +444,21 @@ end
 -- the k asked beyond what the grant gave back before: the level is then
 -- what it would be had the grant taken that many fewer, as far as they
 -- were still in the bucket (internal/model's queue).
-if refund and level and own and not old and at[own] > 0 then
-  local took, e_us, e_ticks, e = string.match(token, TOKEN)
+local given_lo -- a refund on a key in the short form: where its one range starts
+if refund and not level and value and not wrong and used > 0 then
+  -- The short form is one part of this rate, labelling 0, its drain at r,
+  -- nothing given back: the same steps in locals, without the parts'
+  -- tables. A grant's permits end at e_pos; the drain moved to level_r -
+  -- used.
+  if took and (tonumber(e) or 0) == 0 then
+    local e_pos = (e_us - r) * count + (tonumber(e_ticks) or 0)
+    local moved = level_r - used
+    if e_pos > moved and e_pos <= level_r then
+      given = math.min(refund * per, e_pos - math.max(moved, e_pos - took * per))
+      given_lo, level_r, used = e_pos - given, level_r - given, used - given
+    end
+  end
+elseif refund and level and own and not old and at[own] > 0 then
   local part = labels[own]
   if took and (tonumber(e) or 0) == part.e then
     local e_pos = (e_us - r - part.d) * count + (tonumber(e_ticks) or 0) - part.f
@@ -477,7 +489,10 @@ end
 local reset = drain_us(used, used, count, per, at, counts, pers, own)
 if granted or given > 0 then
   local ttl = reset
-  if not level then
+  if given_lo then
+    value = string.format('%d %d/%d/%d 0@0 %d:%d %s', r, level_r, count, per, given_lo,
+      given_lo + given, TAG)
+  elseif not level then
     if shared then
       value = string.format('%d %d/%d/%d %s', r, level_r, count, per, TAG)
     else
