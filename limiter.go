@@ -343,6 +343,9 @@ type spec struct {
 	limits     []int
 	windows    []time.Duration // Window of each limit, for ViolationStrategyError
 	leases     bool            // grants hold something in flight: Grant.Release refunds them
+	// bareRefunds: the script takes refunds that reply no state
+	// (engine.Config.BareRefunds).
+	bareRefunds bool
 }
 
 // defaultPrefix is the key prefix of a limiter without WithPrefix:
@@ -418,17 +421,18 @@ func newLimiter(rdb redis.Scripter, s spec, opts []Option) (limiter, error) {
 		}
 	}
 	cfg := engine.Config{
-		Algorithm: s.algorithm,
-		Prefix:    prefix,
-		Script:    s.script.Script,
-		Source:    s.script.source,
-		Args:      args,
-		ArgsAt:    s.argsAt,
-		Policies:  len(s.limits),
-		Clock:     o.clock,
-		DenyCache: o.denyCache,
-		Capacity:  slices.Min(s.limits),
-		Leases:    s.leases,
+		Algorithm:   s.algorithm,
+		Prefix:      prefix,
+		Script:      s.script.Script,
+		Source:      s.script.source,
+		Args:        args,
+		ArgsAt:      s.argsAt,
+		Policies:    len(s.limits),
+		Clock:       o.clock,
+		DenyCache:   o.denyCache,
+		Capacity:    slices.Min(s.limits),
+		Leases:      s.leases,
+		BareRefunds: s.bareRefunds,
 	}
 	fallback, err := o.outage.configure(s.algorithm, rdb, &cfg)
 	if err != nil {

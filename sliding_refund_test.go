@@ -78,7 +78,8 @@ func TestSlidingRefundAtMostOnce(t *testing.T) {
 // The script's refund reply, read directly: "1 remaining 0 reset strategy
 // -1 given", given being what this refund gave back; a token the script
 // did not make, or one of a grant another key holds, gives nothing and
-// leaves the key as it was.
+// leaves the key as it was. A refund sent as "=<k>:<token>" (Go's, when no
+// observer reads the state) gives the same and replies only given.
 func TestSlidingRefundReply(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, be backend) {
@@ -108,6 +109,16 @@ func TestSlidingRefundReply(t *testing.T) {
 		require.Equal(t, "1 4 0 10000000 0 -1 0", refund("other", "-3:"+token), "another key's grant")
 		require.Equal(t, "1 5 0 0 0 -1 0", refund("none", "-3:"+token), "a missing key")
 		require.Zero(t, be.rdb.Exists(ctx, l.redisKey("none")).Val(), "a refund creates no key")
+
+		// "=<k>:<token>" gives back as "-" does, and replies only what it gave.
+		r, err = l.AllowN(ctx, "bare", 3)
+		require.NoError(t, err)
+		token = grantToken(r.Grant)
+		require.Equal(t, "1 0 0 0 0 -1 2", refund("bare", "=2:"+token))
+		require.Equal(t, "1 0 0 0 0 -1 0", refund("bare", "=2:"+token), "given back already")
+		require.Equal(t, "1 4 0 10000000 0 -1 0", refund("bare", "-2:"+token), "what the bare refund left")
+		require.Equal(t, "1 0 0 0 0 -1 1", refund("bare", "=3:"+token))
+		require.Equal(t, "1 0 0 0 0 -1 0", refund("bare", "=1:x"), "a token the script did not make")
 	})
 }
 

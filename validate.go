@@ -46,6 +46,7 @@ func bucketsPerWindow(algorithm string, window, precision time.Duration) (size, 
 func (s spec) sliding(kind string, precisionUS int64, sizes []int64) spec {
 	s.format = 11
 	s.script = slidingScript
+	s.bareRefunds = true
 	s.args = []any{kind, precisionUS}
 	// Under WithPrefix, other configurations may share the key: the
 	// script then keeps each one's strategies in the state.

@@ -7,6 +7,8 @@
 -- ARGV[1]  now: Unix µs, or "" to read the Redis server's TIME
 -- ARGV[2]  n: permits asked for (>= 0); or a refund, "-<k>:<token>": give
 --          back permits of the grant the token names until k in all were
+--          given back; "=<k>:<token>" the same, replying no state (Go
+--          sends it when no observer reads that state)
 -- ARGV[3]  kind: "w" for a sliding window, "l" for a sliding log (each
 --          reads the other's state as foreign)
 -- ARGV[4]  precision P: this configuration's bucket length (µs)
@@ -149,7 +151,8 @@ if shared then last = last - 1 end
 local own = (last - 4) / 2
 local smallest, longest = ARGV[5] + 0, ARGV[last] * P
 local n, refund_arg = 0, nil
-if string.byte(ARGV[2]) == 45 then -- '-': a refund
+local mark = string.byte(ARGV[2])
+if mark == 45 or mark == 61 then -- '-' or '=': a refund
   refund_arg = ARGV[2]
 else
   n = ARGV[2] + 0
@@ -304,7 +307,7 @@ end
 local given
 if refund_arg then
   -- A token this script did not make reads as a grant that gives nothing.
-  local fk, fe, fs, fn = match(refund_arg, '^%-(%d+):(%d+)%.(%d+)%.(%d+)$')
+  local fk, fe, fs, fn = match(refund_arg, '^.(%d+):(%d+)%.(%d+)%.(%d+)$')
   fk, fe, fs, fn = (fk or 0) + 0, (fe or -1) + 0, (fs or 0) + 0, (fn or 0) + 0
   local a = fs - fn
   given = 0
@@ -356,6 +359,10 @@ if refund_arg then
     end
   end
 end
+
+-- A refund replies the key's state as n == 0 would (the check below), or,
+-- asked with '=', only what it gave: the check's reads are then spared.
+if mark == 61 then return format('1 0 0 0 0 -1 %d', given) end
 
 -- Where a grant goes: the position e of the key's time's bucket, or the
 -- tail's when that is later; on a clock gone wrong, the clock's bucket

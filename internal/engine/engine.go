@@ -23,8 +23,14 @@ type Config struct {
 	Capacity  int // the most permits one request can ever get (the smallest limit)
 	// Leases marks an algorithm whose grants hold something in flight (a
 	// Concurrency's): Grant.Release refunds them.
-	Leases  bool
-	Observe func(Event)
+	Leases bool
+	// BareRefunds marks a script that also takes a refund as
+	// "=<k>:<token>": it gives back as "-<k>:<token>" does but replies no
+	// state (every number 0 but the permits given), and so spares the
+	// reads an n == 0 reply needs. A refund goes so when no observer
+	// reads that state.
+	BareRefunds bool
+	Observe     func(Event)
 	// Breaker guards the round trips (nil: none); its errors match
 	// ErrUnavailable. Fallback, when set, decides a call Redis
 	// could not: see fallback.go.
@@ -83,6 +89,9 @@ type Engine struct {
 	cache     *denyCache
 	observe   func(Event)
 	leases    bool // Config.Leases
+	// refundMark starts a refund's ARGV[2]: "=" (Config.BareRefunds, and
+	// no observer) or "-".
+	refundMark string
 	// fallbackFn is Config.Fallback: it decides a call Redis could not.
 	fallbackFn func(ctx context.Context, key string, n int) (Reply, error)
 	argsAt     func(now time.Time) []any // Config.ArgsAt
@@ -104,6 +113,10 @@ func New(rdb redis.Scripter, cfg Config) *Engine {
 		fallbackFn: cfg.Fallback,
 		argsAt:     cfg.ArgsAt,
 		leases:     cfg.Leases,
+		refundMark: "-",
+	}
+	if cfg.BareRefunds && cfg.Observe == nil {
+		e.refundMark = "="
 	}
 	if cfg.DenyCache > 0 {
 		e.cache = newDenyCache(cfg.DenyCache, cfg.Capacity)
@@ -295,7 +308,7 @@ func (e *Engine) refundRequest(ctx context.Context, key, token string, k int) (r
 	if err != nil {
 		return request{}, err
 	}
-	return request{key: e.prefix + key, nowArg: nowArg, refund: "-" + strconv.Itoa(k) + ":" + token, args: e.argsFor(now)}, nil
+	return request{key: e.prefix + key, nowArg: nowArg, refund: e.refundMark + strconv.Itoa(k) + ":" + token, args: e.argsFor(now)}, nil
 }
 
 // refunded reads the outcome of a refund's round trip, started at start,

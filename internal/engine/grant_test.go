@@ -53,3 +53,26 @@ func TestGrantsAreComparable(t *testing.T) {
 	require.Equal(t, "Grant{}", Grant{}.String())
 	require.Equal(t, `Grant{3 permits on "k"}`, a.String(), "String never shows the token")
 }
+
+// A refund's ARGV[2] is "=<k>:<token>", which spares the script the reads
+// of the state it would reply, only for a script that takes it
+// (BareRefunds) and when no observer reads that state; else "-<k>:<token>".
+func TestRefundMark(t *testing.T) {
+	for _, tc := range []struct {
+		bare, observed bool
+		want           string
+	}{
+		{false, false, "-2:tok"},
+		{true, false, "=2:tok"},
+		{true, true, "-2:tok"},
+		{false, true, "-2:tok"},
+	} {
+		cfg := Config{Algorithm: "test", Prefix: "p:", BareRefunds: tc.bare}
+		if tc.observed {
+			cfg.Observe = func(Event) {}
+		}
+		req, err := New(nil, cfg).refundRequest(context.Background(), "k", "tok", 2)
+		require.NoError(t, err)
+		require.Equal(t, tc.want, req.refund, "BareRefunds %v, observed %v", tc.bare, tc.observed)
+	}
+}

@@ -65,9 +65,10 @@ type processor interface {
 
 // request is what one round trip does: decide n permits for key at
 // nowArg (see decide); give back permits of a grant, or extend a lease
-// (refund: the script's ARGV[2], "-<k>:<token>" or "+<token>", see
-// Extend); or, for a reset, delete key. All take the same
-// way to Redis: behind the breaker, and ended at the ctx's deadline.
+// (refund: the script's ARGV[2], "-<k>:<token>", "=<k>:<token>" (see
+// Config.BareRefunds) or "+<token>" (see Extend)); or, for a reset,
+// delete key. All take the same way to Redis: behind the breaker, and
+// ended at the ctx's deadline.
 type request struct {
 	key    string // the Redis key: the limiter's prefix and the caller's key
 	nowArg any
