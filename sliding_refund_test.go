@@ -406,5 +406,29 @@ func TestSlidingRefundForgetsTheLowestRange(t *testing.T) {
 			require.NoError(t, g.Refund(ctx, 1))
 			require.Equal(t, 100-34+17+1+i, remaining(t, l, "k"), "b%d, above the forgotten range, gives back", []int{16, 1}[i])
 		}
+
+		// Refunds from the first grant to the last, each of a grant past
+		// every range: 17 grants a of 2 permits, each followed by a grant
+		// b of one, and one permit of each a given back. The 17th refund
+		// forgets the lowest range, a0's: a0, below it, gives nothing
+		// more; b0, past it, does.
+		a, b = nil, nil
+		for range 17 {
+			for i, list := range []*[]Grant{&a, &b} {
+				clock.Advance(10 * ms)
+				r, err := l.AllowN(ctx, "up", 2-i)
+				require.NoError(t, err)
+				require.True(t, r.Allowed)
+				*list = append(*list, r.Grant)
+			}
+		}
+		for _, g := range a {
+			require.NoError(t, g.Refund(ctx, 1))
+		}
+		require.Equal(t, 100-51+17, remaining(t, l, "up"), "one permit of every a given back")
+		require.NoError(t, a[0].Refund(ctx, 2))
+		require.Equal(t, 100-51+17, remaining(t, l, "up"), "a0, below the forgotten range, gives nothing more")
+		require.NoError(t, b[0].Refund(ctx, 1))
+		require.Equal(t, 100-51+18, remaining(t, l, "up"), "b0, past it, gives back")
 	})
 }

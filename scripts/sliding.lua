@@ -49,7 +49,8 @@
 -- the deny cache's bound); and, after a grant, the grant's token
 -- "e.s.n" (its bucket's position, the key's count after it, its permits: its
 -- permits are the positions [s - n, s) of the count). A refund
--- replies "1 remaining 0 reset strategy -1 given".
+-- replies "1 remaining 0 reset strategy -1 given", or "1 0 0 0 0 -1
+-- given" when asked with '='.
 --
 -- The decision runs top to bottom in commented steps: read the request,
 -- read the state, the key's time, the strategies, (a refund), check,
@@ -94,9 +95,22 @@ local function densest(own, P)
   return L, W
 end
 
--- The aux's text: base, C, the refunds' horizon H, dropped x g, the ranges.
-local function aux_text(kind, base, C, H, x, g, ranges)
+-- ranges_of returns the ranges in an aux's text of them, " lo hi" each, as
+-- a list of {lo = , hi = }; nil when there is none.
+local function ranges_of(text)
+  local ranges = nil
+  for lo, hi in string.gmatch(text, ' (%d+) (%d+)') do
+    ranges = ranges or {}
+    ranges[#ranges + 1] = {lo = lo + 0, hi = hi + 0}
+  end
+  return ranges
+end
+
+-- The aux's text: base, C, the refunds' horizon H, dropped x g, the ranges
+-- (their text body when given, else from the list ranges).
+local function aux_text(kind, base, C, H, x, g, ranges, body)
   local text = format('%s+%d %d %d %d %d', kind, base, C, H, x, g)
+  if body then return text .. body end
   for _, r in ipairs(ranges or {}) do
     text = text .. format(' %d %d', r.lo, r.hi)
   end
@@ -162,14 +176,15 @@ end
 -- the entries and the meta. An empty key reads as a state with no grant
 -- (t = -1). Anything else at the key is foreign: an error, and the key is
 -- left as it is. ranges is nil while no range of refunded positions is
--- kept, else a list of {lo = , hi = }.
+-- kept, else a list of {lo = , hi = }; ranges_text is their text in the
+-- aux, which a refund reads (the refund step) before any list.
 local rows = redis.pcall('ZRANGE', key, '0', '1')
 if rows.err then
   return redis.error_reply('NOTOURS holds another type than sliding state, not redlimit ' ..
     'state; it was left unchanged')
 end
 local note, K, t, T, full = rows[1], 0, -1, -1, ''
-local aux, base, C, H, x, g, ranges = nil, 0, 0, 0, 0, 0, nil
+local aux, base, C, H, x, g, ranges, ranges_text = nil, 0, 0, 0, 0, 0, nil, ''
 local meta, Ln, Wn, Lm, entries, sig
 if note then
   local note_kind, k, at, d, rest = match(note, NOTE)
@@ -187,12 +202,8 @@ if note then
     local aux_kind, b, c, h, xx, gg, rest = match(second, AUX)
     if aux_kind == kind then
       aux, base, C, H, x, g = second, b + 0, c + 0, h + 0, xx + 0, gg + 0
-      if rest <= #second then
-        for lo, hi in string.gmatch(sub(second, rest), ' (%d+) (%d+)') do
-          ranges = ranges or {}
-          ranges[#ranges + 1] = {lo = lo + 0, hi = hi + 0}
-        end
-      end
+      if rest <= #second then ranges_text = sub(second, rest) end
+      if not refund_arg then ranges = ranges_of(ranges_text) end
     end
   end
 end
@@ -326,34 +337,64 @@ if refund_arg then
     end
     if ok and found[1] then prev = found[1] + 0 end
     ok = ok and (a - prev) % COUNTS + fn + (upto - fs) % COUNTS == (upto - prev) % COUNTS
-    local r = 0
-    if ok then r = refunded(a, fs) end
+    -- A grant whose positions start at or past the last range's end (a
+    -- recent grant's), on a key whose first range is not at trimmed
+    -- positions, gave nothing back yet, and its range goes last, joined
+    -- with the last range when they touch: the ranges' text is spliced at
+    -- its ends, and no list is built. Any other refund reads the list.
+    local r, trimmed, splice = 0, base % COUNTS, false
+    local last_at, last_lo, last_hi, first_lo, first_hi, first_end
+    if ok and ranges_text ~= '' then
+      last_at, last_lo, last_hi = match(ranges_text, '.*() (%d+) (%d+)$')
+      first_lo, first_hi, first_end = match(ranges_text, '^ (%d+) (%d+)()')
+      splice = last_hi ~= nil and last_hi + 0 <= a and (first_hi + 0 > trimmed or trimmed > K)
+    elseif ok then
+      splice = true
+    end
+    if ok and not splice then
+      ranges = ranges or ranges_of(ranges_text)
+      r = refunded(a, fs)
+    end
     if ok and math.min(fk, fn) - r > 0 then
       given = math.min(fk, fn) - r
-      local lo, hi, trimmed = a + r, a + r + given, base % COUNTS
-      -- The ranges are sorted and apart: the new one, merged with those
-      -- it touches, goes before the first range past it.
-      local kept, placed = {}, false
-      for _, range in ipairs(ranges or {}) do
-        if range.hi < lo or range.lo > hi then
-          if range.lo > hi and not placed then
-            kept[#kept + 1], placed = {lo = lo, hi = hi}, true
-          end
-          if range.hi > trimmed or trimmed > K then kept[#kept + 1] = range end
-        else
-          lo, hi = math.min(lo, range.lo), math.max(hi, range.hi)
+      local lo, hi = a + r, a + r + given
+      local low_lo, low_hi -- the lowest range, when one more than RANGES would be kept
+      if splice then
+        local body = ranges_text
+        if last_hi and last_hi + 0 == lo then
+          body, lo = sub(body, 1, last_at - 1), last_lo + 0
+        elseif first_end and string.find(body, '^' .. string.rep(' %d+ %d+', RANGES)) then
+          body, low_lo, low_hi = sub(body, first_end), first_lo + 0, first_hi + 0
         end
+        ranges_text = body .. format(' %d %d', lo, hi)
+      else
+        -- The ranges are sorted and apart: the new one, merged with those
+        -- it touches, goes before the first range past it.
+        local kept, placed = {}, false
+        for _, range in ipairs(ranges or {}) do
+          if range.hi < lo or range.lo > hi then
+            if range.lo > hi and not placed then
+              kept[#kept + 1], placed = {lo = lo, hi = hi}, true
+            end
+            if range.hi > trimmed or trimmed > K then kept[#kept + 1] = range end
+          else
+            lo, hi = math.min(lo, range.lo), math.max(hi, range.hi)
+          end
+        end
+        if not placed then kept[#kept + 1] = {lo = lo, hi = hi} end
+        if #kept > RANGES then
+          local low = table.remove(kept, 1)
+          low_lo, low_hi = low.lo, low.hi
+        end
+        ranges = kept
       end
-      if not placed then kept[#kept + 1] = {lo = lo, hi = hi} end
-      if #kept > RANGES then
-        local low = table.remove(kept, 1)
+      if low_lo then
         if g > 0 and H <= trimmed and trimmed <= K then g = 0 end
-        if g == 0 then x = low.lo end
-        H, g = math.max(H, low.hi), g + low.hi - low.lo
+        if g == 0 then x = low_lo end
+        H, g = math.max(H, low_hi), g + low_hi - low_lo
       end
-      ranges = kept
       -- The new aux goes in before the old goes.
-      local text = aux_text(kind, base, C, H, x, g, ranges)
+      local text = aux_text(kind, base, C, H, x, g, ranges, splice and ranges_text)
       call('ZADD', key, '1', text)
       if aux and aux ~= text then call('ZREM', key, aux) end
     end
@@ -363,6 +404,7 @@ end
 -- A refund replies the key's state as n == 0 would (the check below), or,
 -- asked with '=', only what it gave: the check's reads are then spared.
 if mark == 61 then return format('1 0 0 0 0 -1 %d', given) end
+if refund_arg and not ranges then ranges = ranges_of(ranges_text) end
 
 -- Where a grant goes: the position e of the key's time's bucket, or the
 -- tail's when that is later; on a clock gone wrong, the clock's bucket
