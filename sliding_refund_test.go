@@ -379,7 +379,8 @@ func TestSlidingRefundFortyShuffled(t *testing.T) {
 // (docs/internals.md, "Refunds"). 17 pairs of grants of one permit, a then
 // b, and the a of each pair refunded from the last to the first: the
 // ranges stay apart, and the 17th, the first pair's, is the lowest. Every
-// b above it still gives back; one below it would not.
+// b above it still gives back; one below it would not. Then the same in
+// order, and two ranges forgotten, which never loosen a window.
 func TestSlidingRefundForgetsTheLowestRange(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, be backend) {
@@ -430,5 +431,39 @@ func TestSlidingRefundForgetsTheLowestRange(t *testing.T) {
 		require.Equal(t, 100-51+17, remaining(t, l, "up"), "a0, below the forgotten range, gives nothing more")
 		require.NoError(t, b[0].Refund(ctx, 1))
 		require.Equal(t, 100-51+18, remaining(t, l, "up"), "b0, past it, gives back")
+
+		// Two forgotten ranges: the lowest position dropped (x) stays the
+		// first one's, so a window that holds the second forgotten range
+		// but not the first counts the second's permits as used
+		// (stricter) and never subtracts what was given back below its
+		// start (looser). 18 pairs of grants, a of 2 and b of 1, one pair
+		// a second, on a window of a minute, and one permit of each a
+		// given back in order: the 17th and 18th refunds forget a0's and
+		// a1's ranges. Once pair 0's bucket has left the window, the
+		// exact count is 34 (pairs 1 to 17, less 17 given back) and the
+		// key counts 35.
+		minute, err := NewSlidingWindow(be.rdb, 100, time.Minute, time.Second, WithClock(clock.Now))
+		require.NoError(t, err)
+		clock.Advance(time.Second - time.Duration(clock.now.UnixMicro()%1e6)*time.Microsecond)
+		start := clock.now // pair i grants in the bucket start + i s
+		a = nil
+		for i := range 18 {
+			clock.now = start.Add(time.Duration(i)*time.Second + 10*ms)
+			r, err := minute.AllowN(ctx, "two", 2)
+			require.NoError(t, err)
+			require.True(t, r.Allowed)
+			a = append(a, r.Grant)
+			clock.Advance(10 * ms)
+			r, err = minute.AllowN(ctx, "two", 1)
+			require.NoError(t, err)
+			require.True(t, r.Allowed)
+		}
+		for _, g := range a {
+			require.NoError(t, g.Refund(ctx, 1))
+		}
+		require.Equal(t, 100-54+18, remaining(t, minute, "two"), "every refund gave back while all pairs are in the window")
+		clock.now = start.Add(time.Minute + 500*ms) // pair 0's bucket left the window, pair 1's is in it
+		require.Equal(t, 100-35, remaining(t, minute, "two"),
+			"a1's forgotten range counts as used (exact: 66 left), and a0's is not subtracted")
 	})
 }
