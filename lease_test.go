@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -386,10 +387,17 @@ func TestConcurrencyDenyCacheDropsOnRelease(t *testing.T) {
 // them (INFO commandstats).
 func evalshaMicros(t *testing.T, rdb *redis.Client) (calls, usec int64) {
 	t.Helper()
+	return commandStats(t, rdb, "evalsha")
+}
+
+// commandStats returns the calls of the command named (lower case) and the
+// µs Redis spent in them (INFO commandstats), scripts' calls included.
+func commandStats(t *testing.T, rdb *redis.Client, name string) (calls, usec int64) {
+	t.Helper()
 	info, err := rdb.Info(context.Background(), "commandstats").Result()
 	require.NoError(t, err)
 	for _, line := range strings.Split(info, "\r\n") {
-		rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:")
+		rest, ok := strings.CutPrefix(line, "cmdstat_"+name+":")
 		if !ok {
 			continue
 		}
@@ -521,7 +529,71 @@ func TestConcurrencyTTLFollowsLatestLease(t *testing.T) {
 		res, err = short.Allow(ctx, "k")
 		require.NoError(t, err)
 		require.Equal(t, time.Second, res.ResetAfter, "released, the long lease no longer counts")
-		requireTTL(t, b, "ttl:k", time.Second, "nor keeps the key")
+		requireTTL(t, b, "ttl:k", 2*time.Second-2*ms, "nor keeps the key: it lasts to the end of the second its latest lease lapses in")
+	})
+}
+
+// TestConcurrencyTTLStepsBySecond: on the server's clock, a key's TTL
+// runs to the end of the second its latest lease lapses in, so a grant
+// whose latest lease lapses in the second the last one's did leaves the
+// TTL as it is (no PEXPIRE), while a TTL set on another clock is set
+// afresh. On a miniredis, whose TIME is set by hand and whose TTLs stand
+// still, exactly; on a real server of its own, by counting PEXPIRE (INFO
+// commandstats counts every client's commands).
+func TestConcurrencyTTLStepsBySecond(t *testing.T) {
+	ctx := context.Background()
+	t.Run("miniredis", func(t *testing.T) {
+		t.Parallel()
+		m := miniredis.RunT(t)
+		rdb := newMiniClient(t, m)
+		c, err := NewConcurrency(rdb, 10, time.Second, WithPrefix("ttl:"))
+		require.NoError(t, err)
+		acquireAt := func(d time.Duration) time.Duration {
+			m.SetTime(epoch.Add(d))
+			_, err := c.Acquire(ctx, "k")
+			require.NoError(t, err)
+			return rdb.PTTL(ctx, "ttl:k").Val()
+		}
+		require.Equal(t, 1800*ms, acquireAt(200*ms), "its lease lapses at 1.2s: the TTL ends at 2s")
+		require.Equal(t, 1800*ms, acquireAt(500*ms), "lapsing at 1.5s, in the same second: the TTL is left")
+		require.Equal(t, 1800*ms, acquireAt(900*ms), "and at 1.9s")
+		require.Equal(t, 1900*ms, acquireAt(1100*ms), "lapsing at 2.1s: the TTL ends at 3s")
+		require.Equal(t, 1900*ms, acquireAt(1000*ms),
+			"the server's clock stepped back: its lease lapses at 2.1s, the key's time, and the TTL is left: "+
+				"it ends at 3s on the server's clock, which counts it")
+
+		// A TTL set on another clock ends where that clock says: a grant on
+		// the server's clock sets it afresh.
+		ahead := newClock()
+		ahead.Advance(1200 * ms)
+		other, err := NewConcurrency(rdb, 10, time.Second, WithPrefix("ttl:"), WithClock(ahead.Now))
+		require.NoError(t, err)
+		_, err = other.Acquire(ctx, "k")
+		require.NoError(t, err)
+		require.Equal(t, 1800*ms, rdb.PTTL(ctx, "ttl:k").Val(), "on its own clock, 1.2s: the TTL ends at 3s")
+		require.Equal(t, 1700*ms, acquireAt(1300*ms), "on the server's, 1.3s: it ends at 3s there")
+	})
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		rdb := newClient(t, redistest.Start(t).Addr(), 0)
+		c, err := NewConcurrency(rdb, 1000, time.Minute)
+		require.NoError(t, err)
+		const grants = 300
+		calls0, _ := commandStats(t, rdb, "pexpire")
+		started := time.Now()
+		for range grants {
+			_, err := c.Acquire(ctx, "k")
+			require.NoError(t, err)
+		}
+		took := time.Since(started)
+		calls, _ := commandStats(t, rdb, "pexpire")
+		// One PEXPIRE for the first grant, then one per second the latest
+		// lease's expiry moved into: at most one per second the grants took.
+		require.LessOrEqual(t, calls-calls0, int64(took/time.Second)+2,
+			"%d grants in %v: the TTL is set once a second, not once a grant", grants, took)
+		ttl := rdb.PTTL(ctx, c.redisKey("k")).Val()
+		require.Greater(t, ttl, time.Minute-took, "the key outlives its latest lease")
+		require.LessOrEqual(t, ttl, time.Minute+time.Second, "by at most a second")
 	})
 }
 

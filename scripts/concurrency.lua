@@ -13,11 +13,12 @@
 -- All times are integer µs. The state is a sorted set (docs/internals.md):
 -- a member per lease, named by its id (an integer never given twice on
 -- the key), scored by its expiry; a lease is live while its expiry is
--- after the key's time. A member "#<recorded>:<last id>:<reach>" scored 0
--- ranks first: the key's recorded time (of its latest grant or extend),
--- the last id given, and how far past the recorded time the latest lease
--- written lapses: no lease on the key lapses later (releases leave it; a
--- meta without it has the latest lease read). A grant of n leases takes
+-- after the key's time. A member "#<recorded>:<last id>:<reach>[s]"
+-- scored 0 ranks first: the key's recorded time (of its latest grant or
+-- extend), the last id given, and how far past the recorded time the
+-- latest lease written lapses: no lease on the key lapses later (releases
+-- leave it; a meta without it has the latest lease read); "s" when the
+-- server's clock wrote it (below). A grant of n leases takes
 -- ids first .. first+n-1, and its token is "<first>.<n>". Lapsed members
 -- are trimmed a few per grant.
 --
@@ -28,14 +29,21 @@
 -- or extend writes them so, with now as the recorded time. Denials, n == 0 and
 -- releases never move the recorded time. Durations are from now.
 --
+-- The key's TTL runs to the end of the second (of whole Unix seconds) in
+-- which its latest lease lapses. Written on the server's clock (the meta's
+-- "s"), it ends there on the clock that counts it, so a grant or extend on
+-- the server's clock whose latest lease lapses in the second the meta's
+-- reach ends in leaves the TTL as it is.
+--
 -- Reply: "allowed remaining retry reset 0 stable [token]" (µs; retry -1 =
 -- never; token when allowed, see above); a release's:
 -- "1 remaining 0 reset 0 -1 given".
 
 local NOT_OURS = 'NOTOURS holds %s, not redlimit state; it was left unchanged'
-local META = '^#(%d+):(%d+):?(%d*)$'
+local META = '^#(%d+):(%d+):?(%d*)(s?)$'
 local MOST = 10000 -- the most leases a grant takes, as the largest limit
 local TRIM = 8     -- lapsed leases a write trims beyond the ones it adds
+local STEP = 1000000 -- µs: the key's TTL ends on a whole second
 local PEEK = '4'   -- members the state's read returns: the meta, 3 lapsed leases
 local CHUNK = 500  -- members per ZADD or ZREM: Lua's unpack is bounded
 local unpack = table.unpack or unpack -- Lua 5.4 (Dragonfly) has no global unpack
@@ -48,6 +56,7 @@ local limit, lease = ARGV[3] + 0, ARGV[4] + 0
 -- text %d formats it to (the µs zero-padded after the seconds), which the
 -- common path writes as it is.
 local now, now_text = tonumber(ARGV[1]), ARGV[1]
+local server_clock = not now
 if not now then
   local clock = call('TIME')
   now, now_text = clock[1] * 1000000 + clock[2], clock[1] .. string.sub('00000' .. clock[2], -6)
@@ -63,14 +72,15 @@ end
 local head = redis.pcall('ZRANGEBYSCORE', key, '-inf', now_text, 'WITHSCORES', 'LIMIT', '0', PEEK)
 if head.err then return redis.error_reply(format(NOT_OURS, 'another type than a sorted set')) end
 local members = call('ZCARD', key)
-local meta, recorded, last_id, bound, seen = nil, 0, 0, nil, 0
+local meta, recorded, last_id, bound, seen, stepped = nil, 0, 0, nil, 0, false
 if members > 0 then
-  local at, last, reach = string.match(head[1] or '', META)
+  local at, last, reach, s = string.match(head[1] or '', META)
   if not at or head[2] ~= '0' then
     return redis.error_reply(format(NOT_OURS, 'a sorted set that is not leases'))
   end
   meta, recorded, last_id, seen = head[1], at + 0, last + 0, math.floor(#head / 2) - 1
   if reach ~= '' then bound = recorded + reach end
+  stepped = s == 's' and bound ~= nil
 end
 
 -- text_of returns an integer's decimal text; now's, the common one, is
@@ -175,8 +185,9 @@ end
 -- commit writes a grant or an extend: it trims up to most lapsed leases,
 -- the earliest first, writes the (score, member) pairs of leases, the
 -- latest of which lapses at top, and the meta recording w, the last id and
--- the latest expiry's reach past w, and keeps the key until its latest
--- lease lapses, whose expiry it returns. The old meta ranks first, just
+-- the latest expiry's reach past w, and keeps the key until the end of
+-- the second its latest lease lapses in (the TTL, above), returning that
+-- lease's expiry. The old meta ranks first, just
 -- before the lapsed leases, so one ZREMRANGEBYRANK drops it with them and
 -- one ZADD writes the leases with the new meta. The latest expiry is top
 -- when the old meta's bound is not later (a key of one configuration);
@@ -195,10 +206,17 @@ local function commit(w, leases, top, most)
   local reach = ARGV[4]
   if latest - w ~= lease then reach = format('%d', latest - w) end
   meta = '#' .. text_of(w) .. ':' .. text_of(last_id) .. ':' .. reach
+  if server_clock then meta = meta .. 's' end
   leases[#leases + 1] = '0'
   leases[#leases + 1] = meta
   each_chunk('ZADD', leases, 2)
-  call('PEXPIRE', key, math.ceil((latest - now) / 1000))
+  -- The TTL ends with the second latest lapses in. One the server's clock
+  -- set (stepped) ends with the second of the old meta's bound, on the
+  -- server's clock: it is left when that is the same second.
+  local ends = latest + (-latest) % STEP
+  if not (server_clock and stepped and bound + (-bound) % STEP == ends) then
+    call('PEXPIRE', key, math.ceil((ends - now) / 1000))
+  end
   return latest
 end
 
