@@ -533,6 +533,89 @@ func TestConcurrencyTTLFollowsLatestLease(t *testing.T) {
 	})
 }
 
+// onFakeClock returns a Concurrency of limit leases of lease on b, on a
+// fake clock of its own, keeping b's keys: the clock's TTLs would pass in
+// real time.
+func onFakeClock(t *testing.T, b backend, limit int, lease time.Duration) (*Concurrency, *fakeClock) {
+	t.Helper()
+	b.keepKeys()
+	clock := newClock()
+	c, err := NewConcurrency(b.rdb, limit, lease, WithClock(clock.Now))
+	require.NoError(t, err)
+	return c, clock
+}
+
+// TestConcurrencyReleaseNamesOnlyItsGrant: a release names the first k
+// leases of its grant, and the script frees none when k is more than the
+// grant took (the ids after it are other holders') or the token claims
+// more leases than a grant can take. Go refuses both before a round trip
+// (Refund's checks), so the script is called directly.
+func TestConcurrencyReleaseNamesOnlyItsGrant(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		c, clock := onFakeClock(t, b, 5, time.Minute)
+		mine, err := c.Allow(ctx, "k")
+		require.NoError(t, err)
+		_, err = c.Allow(ctx, "k") // another holder's lease: the next id
+		require.NoError(t, err)
+		token := grantToken(mine.Grant)
+		first, _, ok := strings.Cut(token, ".")
+		require.True(t, ok, token)
+		release := func(what string) string {
+			v, err := concurrencyScript.Run(ctx, b.rdb, []string{c.redisKey("k")},
+				fmt.Sprint(clock.now.UnixMicro()), what, 5, time.Minute.Microseconds()).Result()
+			require.NoError(t, err)
+			return v.(string)
+		}
+		reset := fmt.Sprint(time.Minute.Microseconds())
+		require.Equal(t, "1 3 0 "+reset+" 0 -1 0", release("-2:"+token), "two of a grant of one: nothing")
+		require.Equal(t, "1 3 0 "+reset+" 0 -1 0", release("-1:"+first+".10001"), "more than a grant takes: nothing")
+		require.Equal(t, "1 4 0 "+reset+" 0 -1 1", release("-1:"+token), "its own lease; the other holder's still counts")
+	})
+}
+
+// TestConcurrencyGrantTrimsWhatItAdds: a grant of n trims up to n + 8
+// lapsed leases, so a key whose leases all lapsed between two full grants
+// holds the second's alone, and lapsed leases never outnumber about twice
+// the limit (docs/internals.md).
+func TestConcurrencyGrantTrimsWhatItAdds(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		c, clock := onFakeClock(t, b, 20, time.Second)
+		for range 3 {
+			_, err := c.AllowN(ctx, "k", 20)
+			require.NoError(t, err)
+			require.EqualValues(t, 21, b.rdb.ZCard(ctx, c.redisKey("k")).Val(), "the meta and the 20 live leases")
+			clock.Advance(2 * time.Second)
+		}
+	})
+}
+
+// TestConcurrencyExtendKeepsALongerLease: an extend sets each lease's
+// expiry to the later of its own and a lease from the key's time, so a
+// configuration of shorter leases sharing the key (WithPrefix) never
+// shortens another's. The script is called directly: a Lease extends
+// through the Concurrency that granted it.
+func TestConcurrencyExtendKeepsALongerLease(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		b.keepKeys() // a fake clock: its TTLs would pass in real time
+		ctx := context.Background()
+		clock := newClock()
+		long, _ := hourAndSecond(t, b, 3, "extend:", clock.Now, clock.Now)
+		res, err := long.Allow(ctx, "k")
+		require.NoError(t, err)
+		token := grantToken(res.Grant)
+		clock.Advance(time.Minute)
+		v, err := concurrencyScript.Run(ctx, b.rdb, []string{"extend:k"},
+			fmt.Sprint(clock.now.UnixMicro()), "+"+token, 3, time.Second.Microseconds()).Result()
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprintf("1 2 0 %d 0 -1 %s", (time.Hour-time.Minute).Microseconds(), token), v,
+			"extended by a second's lease, the hour's still holds")
+		first, _, _ := strings.Cut(token, ".")
+		require.Equal(t, float64(epoch.Add(time.Hour).UnixMicro()), b.rdb.ZScore(ctx, "extend:k", first).Val())
+	})
+}
+
 // TestConcurrencyTTLStepsBySecond: on the server's clock, a key's TTL
 // runs to the end of the second its latest lease lapses in, so a grant
 // whose latest lease lapses in the second the last one's did leaves the

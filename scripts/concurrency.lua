@@ -115,34 +115,6 @@ local function effective(expiry)
   return expiry
 end
 
--- expiry_at returns the effective expiry of the i-th earliest live lease.
-local function expiry_at(i)
-  local m = call('ZRANGE', key, lapsed + i, lapsed + i, 'WITHSCORES')
-  return effective(m[2] + 0)
-end
-
--- report returns "remaining retry reset" for count live leases, the
--- latest of which lapses at latest (nil: it is read).
-local function report(count, retry, latest)
-  local reset = 0
-  if count > 0 then
-    if not latest then
-      latest = call('ZRANGE', key, -1, -1, 'WITHSCORES')[2] + 0
-    end
-    reset = effective(latest) - now
-  end
-  return format('%d %d %d', max(0, limit - count), retry, reset)
-end
-
--- deny replies a denial that needs the excess-th earliest live lease to
--- lapse (excess 0: never).
-local function deny(excess)
-  local retry, stable = -1, -1
-  if live > 0 then stable = expiry_at(1) - now end
-  if excess > 0 then retry = expiry_at(excess) - now end
-  return format('0 %s 0 %d', report(live, retry), stable)
-end
-
 -- each_chunk calls command on the members of list, CHUNK at a time.
 local function each_chunk(command, list, per)
   for i = 1, #list, CHUNK * per do
@@ -150,26 +122,118 @@ local function each_chunk(command, list, per)
   end
 end
 
--- ids_of returns the ids first .. first+n-1 that are members, their
--- expiries, and how many of them are live.
-local function ids_of(first, n)
-  local found, expiries, alive = {}, {}, 0
-  for id = first, first + n - 1 do
+-- The rest is the decision, top to bottom, in commented steps. Redis
+-- builds every function anew on each call, and one that captures many
+-- locals costs more to build than its steps cost to run, so the steps are
+-- written once, in line, and shared by the calls that take them: a
+-- release, n == 0 and a denial reply after step 3 without writing, and
+-- the grants and extends write in steps 4 and 5. The three helpers above
+-- capture few locals.
+
+-- 1. The request: n leases, or a grant's token "<first>.<n>" to release
+-- (its first k leases) or to extend. A release token that is not ours
+-- names no lease, and frees nothing.
+local what = ARGV[2]
+local sign = string.byte(what)
+local n, first, k = 0, 0, 0
+if sign == 45 then -- '-': a release
+  local taken, from, count = string.match(what, '^%-(%d+):(%d+)%.(%d+)$')
+  if taken then k, first, n = taken + 0, from + 0, count + 0 end
+elseif sign == 43 then -- '+': an extend
+  local from, count = string.match(what, '^%+(%d+)%.(%d+)$')
+  if from then first, n = from + 0, count + 0 end
+  if n < 1 or n > MOST then
+    return redis.error_reply('ERR redlimit: unreadable lease token')
+  end
+else
+  n = what + 0
+end
+
+-- 2. A token's leases: those of ids first .. first+k-1 (a release) or
+-- first+n-1 (an extend) that are members (found), their expiries, and how
+-- many of them are live (mine). A release removes them: those live free
+-- their places.
+local found, expiries, mine = {}, {}, 0
+if sign == 45 or sign == 43 then
+  local last = first + n - 1
+  if sign == 45 then
+    last = first + k - 1
+    if k > n or n > MOST then last = first - 1 end
+  end
+  for id = first, last do
     local member = format('%d', id)
     local score = call('ZSCORE', key, member)
     if score then
       found[#found + 1], expiries[#found + 1] = member, score + 0
-      if score + 0 > t then alive = alive + 1 end
+      if score + 0 > t then mine = mine + 1 end
     end
   end
-  return found, expiries, alive
+end
+if sign == 45 then
+  each_chunk('ZREM', found, 1)
+  live = live - mine
 end
 
--- write_time rebases the state on now's timeline when the clock went
--- wrong (lapsed leases go, live ones lapse a lease from now at the
--- latest) and returns the time a grant or extend writes from.
-local function write_time()
-  if not wrong then return t end
+-- 3. Decide an extend or a request. An extend of a grant whose leases are
+-- all live moves them; one with some lapsed is the grant taken afresh
+-- with its live leases as room (its ids all go, n new ones come), or
+-- denied when there is none: the others must lapse, and the grant's own
+-- live ones, interleaved, lapse too. excess: a denial needs the
+-- excess-th earliest live lease to lapse (0: never).
+local moved, excess = false, nil
+if sign == 43 then
+  local others = live - mine
+  if mine == n then
+    moved = true
+  elseif n > limit then
+    excess = 0
+  elseif others + n > limit then
+    excess = others + n - limit + mine
+  else
+    -- The grant's lapsed leases go with it: the trim that follows counts
+    -- the lapsed leases left, and never reaches a live one.
+    each_chunk('ZREM', found, 1)
+    lapsed, live = lapsed - (#found - mine), others
+  end
+elseif sign ~= 45 then
+  if n > limit then
+    excess = 0
+  elseif n > 0 and live + n > limit then
+    excess = live + n - limit
+  end
+end
+
+-- A reply that writes nothing: a release, n == 0 or a denial, as
+-- "allowed remaining retry reset 0 stable", with reset the time until
+-- the latest live lease lapses (the latest member) and, on a denial,
+-- stable until the earliest does; a release's ends with what it gave.
+if sign == 45 or n == 0 or excess then
+  local reset, remaining = 0, max(0, limit - live)
+  if live > 0 then
+    reset = effective(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2] + 0) - now
+  end
+  if sign == 45 then return format('1 %d 0 %d 0 -1 %d', remaining, reset, mine) end
+  if not excess then return format('1 %d 0 %d 0 -1', remaining, reset) end
+  local retry, stable = -1, -1
+  if live > 0 then
+    stable = effective(call('ZRANGE', key, lapsed + 1, lapsed + 1, 'WITHSCORES')[2] + 0) - now
+  end
+  if excess > 0 then
+    local rank = lapsed + excess
+    retry = effective(call('ZRANGE', key, rank, rank, 'WITHSCORES')[2] + 0) - now
+  end
+  return format('0 %d %d %d 0 %d', remaining, retry, reset, stable)
+end
+
+-- 4. The write's time: the key's, or, when the clock went wrong, now,
+-- after rebasing the state on now's timeline (lapsed leases go, live ones
+-- lapse a lease from now at the latest). Then the (score, member) pairs
+-- it writes: the moved leases of an extend, each live another lease from
+-- that time (the token stays), or n new ones with ids from first, whose
+-- token the reply gives; top is the latest of them, most the lapsed
+-- leases it may trim.
+local w = t
+if wrong then
   call('ZREMRANGEBYSCORE', key, '(0', format('%d', t))
   lapsed = 0
   local capped = {}
@@ -179,123 +243,55 @@ local function write_time()
     capped[#capped + 1] = member
   end
   each_chunk('ZADD', capped, 2)
-  return now
+  w = now
 end
-
--- commit writes a grant or an extend: it trims up to most lapsed leases,
--- the earliest first, writes the (score, member) pairs of leases, the
--- latest of which lapses at top, and the meta recording w, the last id and
--- the latest expiry's reach past w, and keeps the key until the end of
--- the second its latest lease lapses in (the TTL, above), returning that
--- lease's expiry. The old meta ranks first, just
--- before the lapsed leases, so one ZREMRANGEBYRANK drops it with them and
--- one ZADD writes the leases with the new meta. The latest expiry is top
--- when the old meta's bound is not later (a key of one configuration);
--- else it is read. A reach of a lease is the lease's text, as Go sent it.
-local function commit(w, leases, top, most)
-  local j = min(lapsed, most)
-  local latest = top
-  if meta then
-    call('ZREMRANGEBYRANK', key, '0', j)
-    if not (bound and bound <= top) then
-      local last = call('ZRANGE', key, -1, -1, 'WITHSCORES')
-      if last[2] then latest = max(top, last[2] + 0) end
-    end
+local leases, top, most = {}, w + lease, TRIM
+if moved then
+  for i, member in ipairs(found) do
+    leases[#leases + 1] = max(effective(expiries[i]), w + lease)
+    leases[#leases + 1] = member
+    top = max(top, leases[#leases - 1])
   end
-  lapsed = lapsed - j
-  local reach = ARGV[4]
-  if latest - w ~= lease then reach = format('%d', latest - w) end
-  meta = '#' .. text_of(w) .. ':' .. text_of(last_id) .. ':' .. reach
-  if server_clock then meta = meta .. 's' end
-  leases[#leases + 1] = '0'
-  leases[#leases + 1] = meta
-  each_chunk('ZADD', leases, 2)
-  -- The TTL ends with the second latest lapses in. One the server's clock
-  -- set (stepped) ends with the second of the old meta's bound, on the
-  -- server's clock: it is left when that is the same second.
-  local ends = latest + (-latest) % STEP
-  if not (server_clock and stepped and bound + (-bound) % STEP == ends) then
-    call('PEXPIRE', key, math.ceil((ends - now) / 1000))
-  end
-  return latest
-end
-
--- take adds n leases lapsing a lease after w and returns the first id and
--- the latest expiry.
-local function take(w, n)
-  local first = max(last_id + 1, w)
-  local added = {}
+else
+  first = max(last_id + 1, w)
   for id = first, first + n - 1 do
-    added[#added + 1] = w + lease
-    added[#added + 1] = text_of(id)
+    leases[#leases + 1] = top
+    leases[#leases + 1] = text_of(id)
   end
-  last_id = first + n - 1
-  live = live + n
-  return first, n, commit(w, added, w + lease, n + TRIM)
+  last_id, live, most = first + n - 1, live + n, n + TRIM
 end
 
--- grant replies an allowed call with the token of the n leases from first;
--- latest is the latest expiry, as commit returned it.
-local function grant(first, n, latest)
-  local remaining = max(0, limit - live)
-  return format('1 %d 0 %d 0 -1 %s.%d', remaining, effective(latest) - now, text_of(first), n)
+-- 5. Commit: trim up to most lapsed leases, the earliest first, write the
+-- leases and the meta recording w, the last id and the latest expiry's
+-- reach past w, and keep the key until the end of the second its latest
+-- lease lapses in (the TTL, above). The old meta ranks first, just before
+-- the lapsed leases, so one ZREMRANGEBYRANK drops it with them and one
+-- ZADD writes the leases with the new meta. The latest expiry is top when
+-- the old meta's bound is not later (a key of one configuration); else it
+-- is read. A reach of a lease is the lease's text, as Go sent it.
+local latest = top
+if meta then
+  call('ZREMRANGEBYRANK', key, '0', min(lapsed, most))
+  if not (bound and bound <= top) then
+    local last = call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if last[2] then latest = max(top, last[2] + 0) end
+  end
+end
+local reach = ARGV[4]
+if latest - w ~= lease then reach = format('%d', latest - w) end
+meta = '#' .. text_of(w) .. ':' .. text_of(last_id) .. ':' .. reach
+if server_clock then meta = meta .. 's' end
+leases[#leases + 1] = '0'
+leases[#leases + 1] = meta
+each_chunk('ZADD', leases, 2)
+-- The TTL ends with the second latest lapses in. One the server's clock
+-- set (stepped) ends with the second of the old meta's bound, on the
+-- server's clock: it is left when that is the same second.
+local ends = latest + (-latest) % STEP
+if not (server_clock and stepped and bound + (-bound) % STEP == ends) then
+  call('PEXPIRE', key, math.ceil((ends - now) / 1000))
 end
 
--- Release: the first k leases of a grant; those live free their places.
-local function release(k, first, n)
-  local given = 0
-  if k <= n and n <= MOST then
-    local found, _, alive = ids_of(first, k)
-    each_chunk('ZREM', found, 1)
-    given, live = alive, live - alive
-  end
-  return format('1 %s 0 -1 %d', report(live, 0), given)
-end
-
--- Extend: all of a grant's leases live another lease from the key's time,
--- or, when some lapsed, the grant taken afresh with its live leases as
--- room (its ids all go, n new ones come); denied when there is none.
-local function extend(first, n)
-  if n < 1 or n > MOST then
-    return redis.error_reply('ERR redlimit: unreadable lease token')
-  end
-  local found, expiries, mine = ids_of(first, n)
-  local others = live - mine
-  if mine == n then
-    local w = write_time()
-    local moved, top = {}, w + lease
-    for i, member in ipairs(found) do
-      moved[#moved + 1] = max(effective(expiries[i]), w + lease)
-      moved[#moved + 1] = member
-      top = max(top, moved[#moved - 1])
-    end
-    return grant(first, n, commit(w, moved, top, TRIM))
-  end
-  if n > limit then return deny(0) end
-  -- The others must lapse: the grant's own, interleaved, lapse too.
-  if others + n > limit then return deny(others + n - limit + mine) end
-  -- The grant's lapsed leases go with it: the trim that follows counts
-  -- the lapsed leases left, and never reaches a live one.
-  each_chunk('ZREM', found, 1)
-  lapsed, live = lapsed - (#found - mine), others
-  return grant(take(write_time(), n))
-end
-
--- Decide: a release, an extend, or a request for n leases.
-local what = ARGV[2]
-local sign = string.sub(what, 1, 1)
-if sign == '-' then
-  local k, first, n = string.match(what, '^%-(%d+):(%d+)%.(%d+)$')
-  if not k then return release(1, 0, 0) end -- not a token of ours
-  return release(k + 0, first + 0, n + 0)
-end
-if sign == '+' then
-  local first, n = string.match(what, '^%+(%d+)%.(%d+)$')
-  if not first then return extend(0, 0) end
-  return extend(first + 0, n + 0)
-end
-local n = what + 0
-if n > limit then return deny(0) end
-if n == 0 then return format('1 %s 0 -1', report(live, 0)) end
-if live + n > limit then return deny(live + n - limit) end
-return grant(take(write_time(), n))
+-- The reply: allowed, with the token of the n leases from first.
+return format('1 %d 0 %d 0 -1 %s.%d', max(0, limit - live), effective(latest) - now,
+  text_of(first), n)
