@@ -668,13 +668,13 @@ func TestConcurrencyTTLStepsBySecond(t *testing.T) {
 			_, err := c.Acquire(ctx, "k")
 			require.NoError(t, err)
 		}
-		took := time.Since(started)
+		ttl := rdb.PTTL(ctx, c.redisKey("k")).Val()
 		calls, _ := commandStats(t, rdb, "pexpire")
+		took := time.Since(started) // a busy machine only loosens the bounds below
 		// One PEXPIRE for the first grant, then one per second the latest
 		// lease's expiry moved into: at most one per second the grants took.
 		require.LessOrEqual(t, calls-calls0, int64(took/time.Second)+2,
 			"%d grants in %v: the TTL is set once a second, not once a grant", grants, took)
-		ttl := rdb.PTTL(ctx, c.redisKey("k")).Val()
 		require.Greater(t, ttl, time.Minute-took, "the key outlives its latest lease")
 		require.LessOrEqual(t, ttl, time.Minute+time.Second, "by at most a second")
 	})

@@ -41,11 +41,11 @@
 
 local NOT_OURS = 'NOTOURS holds %s, not redlimit state; it was left unchanged'
 local META = '^#(%d+):(%d+):?(%d*)(s?)$'
-local MOST = 10000 -- the most leases a grant takes, as the largest limit
-local TRIM = 8     -- lapsed leases a write trims beyond the ones it adds
+local MOST = 10000   -- the most leases a grant takes, as the largest limit
+local TRIM = 8       -- lapsed leases a write trims beyond the ones it adds
 local STEP = 1000000 -- µs: the key's TTL ends on a whole second
-local PEEK = '4'   -- members the state's read returns: the meta, 3 lapsed leases
-local CHUNK = 500  -- members per ZADD or ZREM: Lua's unpack is bounded
+local PEEK = '4'     -- members the state's read returns: the meta, 3 lapsed leases
+local CHUNK = 500    -- members per ZADD or ZREM: Lua's unpack is bounded
 local unpack = table.unpack or unpack -- Lua 5.4 (Dragonfly) has no global unpack
 local call, format, max, min = redis.call, string.format, math.max, math.min
 
