@@ -74,6 +74,9 @@ func NewConcurrency(rdb redis.Scripter, limit int, lease time.Duration, opts ...
 		args:      []any{limit, leaseUS},
 		limits:    []int{limit},
 		leases:    true,
+		// A release no observer reads replies only what it gave: it
+		// spares the counts its Result would need.
+		bareRefunds: true,
 		// A concurrency limit has no window: its denials say "limit N".
 		windows: []time.Duration{0},
 	}, opts)

@@ -571,6 +571,93 @@ func TestConcurrencyReleaseNamesOnlyItsGrant(t *testing.T) {
 		require.Equal(t, "1 3 0 "+reset+" 0 -1 0", release("-2:"+token), "two of a grant of one: nothing")
 		require.Equal(t, "1 3 0 "+reset+" 0 -1 0", release("-1:"+first+".10001"), "more than a grant takes: nothing")
 		require.Equal(t, "1 4 0 "+reset+" 0 -1 1", release("-1:"+token), "its own lease; the other holder's still counts")
+
+		// "=" releases as "-" does and replies only what it gave.
+		third, err := c.Allow(ctx, "k")
+		require.NoError(t, err)
+		token = grantToken(third.Grant)
+		require.Equal(t, "1 0 0 0 0 -1 0", release("=2:"+token), "two of a grant of one: nothing")
+		require.Equal(t, "1 0 0 0 0 -1 1", release("=1:"+token))
+		require.Equal(t, "1 0 0 0 0 -1 0", release("=1:"+token), "released already")
+		require.Equal(t, "1 4 0 "+reset+" 0 -1 0", release("-1:"+token), "what the bare release left")
+		require.Equal(t, "1 0 0 0 0 -1 0", release("=1:x"), "a token the script did not make")
+		v, err := concurrencyScript.Run(ctx, b.rdb, []string{c.redisKey("none")},
+			fmt.Sprint(clock.now.UnixMicro()), "=1:"+token, 5, time.Minute.Microseconds()).Result()
+		require.NoError(t, err, "a missing key is no foreign state")
+		require.Equal(t, "1 0 0 0 0 -1 0", v)
+		require.Zero(t, b.rdb.Exists(ctx, c.redisKey("none")).Val(), "a release creates no key")
+
+		// A sorted set whose members all score after now has no meta the
+		// read returns: not ours, and left as it is.
+		foreign := c.redisKey("foreign")
+		require.NoError(t, b.rdb.ZAdd(ctx, foreign, redis.Z{Score: 1e16, Member: first}).Err())
+		_, err = concurrencyScript.Run(ctx, b.rdb, []string{foreign},
+			fmt.Sprint(clock.now.UnixMicro()), "=1:"+first+".1", 5, time.Minute.Microseconds()).Result()
+		require.ErrorContains(t, err, "NOTOURS")
+		require.EqualValues(t, 1, b.rdb.ZCard(ctx, foreign).Val())
+	})
+}
+
+// TestConcurrencyBareReleaseCountsNothing: without an observer a release
+// is the bare "=", which neither counts the key's leases (ZCARD, ZCOUNT)
+// nor reads the latest (ZRANGE); with one it does. On a server of its
+// own: INFO commandstats counts every client's commands.
+func TestConcurrencyBareReleaseCountsNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := newClient(t, redistest.Start(t).Addr(), 0)
+	reads := func() (n int64) {
+		for _, name := range []string{"zcard", "zcount", "zrange"} {
+			calls, _ := commandStats(t, rdb, name)
+			n += calls
+		}
+		return n
+	}
+	for _, observed := range []bool{false, true} {
+		var opts []Option
+		if observed {
+			opts = append(opts, WithObserver(func(Decision) {}))
+		}
+		c, err := NewConcurrency(rdb, 3, time.Minute, opts...)
+		require.NoError(t, err)
+		_, err = c.Acquire(ctx, "k")
+		require.NoError(t, err)
+		lease, err := c.Acquire(ctx, "k")
+		require.NoError(t, err)
+		before := reads()
+		require.NoError(t, lease.Release(ctx))
+		if observed {
+			require.Equal(t, before+2, reads(), "observed: ZCARD, and ZRANGE for the latest lease")
+		} else {
+			require.Equal(t, before, reads(), "no observer: the bare release counts nothing")
+		}
+	}
+}
+
+// TestConcurrencyReleaseObserved: a release through a Concurrency with an
+// observer is observed with the key's state after it (as n == 0 would see
+// it); one without sends the bare "=" and replies only what it gave.
+func TestConcurrencyReleaseObserved(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		b.keepKeys() // a fake clock: its TTLs would pass in real time
+		ctx := context.Background()
+		clock := newClock()
+		var seen []Decision
+		c, err := NewConcurrency(b.rdb, 3, time.Minute, WithClock(clock.Now),
+			WithObserver(func(d Decision) { seen = append(seen, d) }))
+		require.NoError(t, err)
+		_, err = c.Acquire(ctx, "k")
+		require.NoError(t, err)
+		clock.Advance(time.Second)
+		held, err := c.Acquire(ctx, "k")
+		require.NoError(t, err)
+		clock.Advance(time.Second)
+		seen = nil
+		require.NoError(t, held.Release(ctx))
+		require.Len(t, seen, 1)
+		require.True(t, seen[0].Refund)
+		require.Equal(t, 2, seen[0].Result.Remaining, "one lease left of three")
+		require.Equal(t, time.Minute-2*time.Second, seen[0].Result.ResetAfter, "until the first lease lapses")
 	})
 }
 

@@ -6,6 +6,7 @@
 -- ARGV[1]  now     Unix time (µs), or "" for the server's TIME
 -- ARGV[2]  what    "<n>"           take n leases (>= 0; 0 only reports)
 --                  "-<k>:<token>"  release the first k leases of a grant
+--                  "=<k>:<token>"  the same, replying only what it gave
 --                  "+<token>"      extend the leases of a grant
 -- ARGV[3]  limit   leases live at once (at most 10000)
 -- ARGV[4]  lease   lease length (µs)
@@ -37,7 +38,7 @@
 --
 -- Reply: "allowed remaining retry reset 0 stable [token]" (µs; retry -1 =
 -- never; token when allowed, see above); a release's:
--- "1 remaining 0 reset 0 -1 given".
+-- "1 remaining 0 reset 0 -1 given", or "1 0 0 0 0 -1 given" for "=".
 
 local NOT_OURS = 'NOTOURS holds %s, not redlimit state; it was left unchanged'
 local META = '^#(%d+):(%d+):?(%d*)(s?)$'
@@ -69,9 +70,14 @@ end
 -- one read returns the meta and the lapsed count of a key that holds
 -- fewer than PEEK - 1, and ZCARD counts the live ones with them. Another
 -- type, or a sorted set whose first member is not the meta, is not ours.
+-- A bare release ("=", which no observer reads: Go sends it when none is
+-- set) counts nothing, and reads ZCARD only when the read found no meta:
+-- an empty key, or a set whose members all lapse after now, not ours.
+local bare = string.byte(ARGV[2]) == 61
 local head = redis.pcall('ZRANGEBYSCORE', key, '-inf', now_text, 'WITHSCORES', 'LIMIT', '0', PEEK)
 if head.err then return redis.error_reply(format(NOT_OURS, 'another type than a sorted set')) end
-local members = call('ZCARD', key)
+local members = 1
+if not (bare and head[1]) then members = call('ZCARD', key) end
 local meta, recorded, last_id, bound, seen, stepped = nil, 0, 0, nil, 0, false
 if members > 0 then
   local at, last, reach, s = string.match(head[1] or '', META)
@@ -102,12 +108,13 @@ local wrong = recorded > now + window
 
 -- Count: members after the meta, lapsed first (score <= t), then live. The
 -- read counted those lapsed by now, unless there may be more.
-local lapsed = seen
-if t > now or seen == PEEK - 1 then
-  lapsed = call('ZCOUNT', key, '(0', format('%d', t))
+local lapsed, live = seen, 0
+if not bare then
+  if t > now or seen == PEEK - 1 then
+    lapsed = call('ZCOUNT', key, '(0', format('%d', t))
+  end
+  if meta then live = members - 1 - lapsed end
 end
-local live = 0
-if meta then live = members - 1 - lapsed end
 
 -- effective is the expiry a call reads for a live lease's own.
 local function effective(expiry)
@@ -135,9 +142,10 @@ end
 -- names no lease, and frees nothing.
 local what = ARGV[2]
 local sign = string.byte(what)
+local release = sign == 45 or bare -- '-' or '='
 local n, first, k = 0, 0, 0
-if sign == 45 then -- '-': a release
-  local taken, from, count = string.match(what, '^%-(%d+):(%d+)%.(%d+)$')
+if release then
+  local taken, from, count = string.match(what, '^[=%-](%d+):(%d+)%.(%d+)$')
   if taken then k, first, n = taken + 0, from + 0, count + 0 end
 elseif sign == 43 then -- '+': an extend
   local from, count = string.match(what, '^%+(%d+)%.(%d+)$')
@@ -154,9 +162,9 @@ end
 -- many of them are live (mine). A release removes them: those live free
 -- their places.
 local found, expiries, mine = {}, {}, 0
-if sign == 45 or sign == 43 then
+if release or sign == 43 then
   local last = first + n - 1
-  if sign == 45 then
+  if release then
     last = first + k - 1
     if k > n or n > MOST then last = first - 1 end
   end
@@ -169,7 +177,7 @@ if sign == 45 or sign == 43 then
     end
   end
 end
-if sign == 45 then
+if release then
   each_chunk('ZREM', found, 1)
   live = live - mine
 end
@@ -195,7 +203,7 @@ if sign == 43 then
     each_chunk('ZREM', found, 1)
     lapsed, live = lapsed - (#found - mine), others
   end
-elseif sign ~= 45 then
+elseif not release then
   if n > limit then
     excess = 0
   elseif n > 0 and live + n > limit then
@@ -206,13 +214,15 @@ end
 -- A reply that writes nothing: a release, n == 0 or a denial, as
 -- "allowed remaining retry reset 0 stable", with reset the time until
 -- the latest live lease lapses (the latest member) and, on a denial,
--- stable until the earliest does; a release's ends with what it gave.
-if sign == 45 or n == 0 or excess then
+-- stable until the earliest does; a release's ends with what it gave,
+-- and a bare one's says nothing else.
+if release or n == 0 or excess then
+  if bare then return format('1 0 0 0 0 -1 %d', mine) end
   local reset, remaining = 0, max(0, limit - live)
   if live > 0 then
     reset = effective(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2] + 0) - now
   end
-  if sign == 45 then return format('1 %d 0 %d 0 -1 %d', remaining, reset, mine) end
+  if release then return format('1 %d 0 %d 0 -1 %d', remaining, reset, mine) end
   if not excess then return format('1 %d 0 %d 0 -1', remaining, reset) end
   local retry, stable = -1, -1
   if live > 0 then
