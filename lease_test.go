@@ -561,9 +561,12 @@ func TestConcurrencyReleaseNamesOnlyItsGrant(t *testing.T) {
 		token := grantToken(mine.Grant)
 		first, _, ok := strings.Cut(token, ".")
 		require.True(t, ok, token)
-		release := func(what string) string {
-			v, err := concurrencyScript.Run(ctx, b.rdb, []string{c.redisKey("k")},
+		run := func(key, what string) (any, error) {
+			return concurrencyScript.Run(ctx, b.rdb, []string{c.redisKey(key)},
 				fmt.Sprint(clock.now.UnixMicro()), what, 5, time.Minute.Microseconds()).Result()
+		}
+		release := func(what string) string {
+			v, err := run("k", what)
 			require.NoError(t, err)
 			return v.(string)
 		}
@@ -581,8 +584,7 @@ func TestConcurrencyReleaseNamesOnlyItsGrant(t *testing.T) {
 		require.Equal(t, "1 0 0 0 0 -1 0", release("=1:"+token), "released already")
 		require.Equal(t, "1 4 0 "+reset+" 0 -1 0", release("-1:"+token), "what the bare release left")
 		require.Equal(t, "1 0 0 0 0 -1 0", release("=1:x"), "a token the script did not make")
-		v, err := concurrencyScript.Run(ctx, b.rdb, []string{c.redisKey("none")},
-			fmt.Sprint(clock.now.UnixMicro()), "=1:"+token, 5, time.Minute.Microseconds()).Result()
+		v, err := run("none", "=1:"+token)
 		require.NoError(t, err, "a missing key is no foreign state")
 		require.Equal(t, "1 0 0 0 0 -1 0", v)
 		require.Zero(t, b.rdb.Exists(ctx, c.redisKey("none")).Val(), "a release creates no key")
@@ -591,8 +593,7 @@ func TestConcurrencyReleaseNamesOnlyItsGrant(t *testing.T) {
 		// read returns: not ours, and left as it is.
 		foreign := c.redisKey("foreign")
 		require.NoError(t, b.rdb.ZAdd(ctx, foreign, redis.Z{Score: 1e16, Member: first}).Err())
-		_, err = concurrencyScript.Run(ctx, b.rdb, []string{foreign},
-			fmt.Sprint(clock.now.UnixMicro()), "=1:"+first+".1", 5, time.Minute.Microseconds()).Result()
+		_, err = run("foreign", "=1:"+first+".1")
 		require.ErrorContains(t, err, "NOTOURS")
 		require.EqualValues(t, 1, b.rdb.ZCard(ctx, foreign).Val())
 	})
