@@ -89,9 +89,12 @@ func NewCalendarWindow(rdb redis.Scripter, limit int, period Period, opts ...Opt
 		code:      "cw",
 		format:    1,
 		script:    calendarScript,
-		args:      []any{limit},
-		argsAt:    periodArgs(period),
-		config:    []any{period.String()},
+		// A refund no observer reads is the bare "=": on the server's
+		// clock it reads no TIME (scripts/calendar.lua).
+		bareRefunds: true,
+		args:        []any{limit},
+		argsAt:      periodArgs(period),
+		config:      []any{period.String()},
 		// With a WithPrefix prefix the end of the period a key counts is
 		// stored, so that configurations of other periods sharing the key
 		// read it conservatively (see scripts/calendar.lua).

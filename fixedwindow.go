@@ -42,7 +42,10 @@ func NewFixedWindow(rdb redis.Scripter, limit int, window time.Duration, opts ..
 		// configuration, and refunds are kept (docs/internals.md).
 		format: 3,
 		script: fixedWindowScript,
-		args:   []any{limit, windowUS},
+		// A refund no observer reads is the bare "=": on the server's
+		// clock it reads no TIME (scripts/fixedwindow.lua).
+		bareRefunds: true,
+		args:        []any{limit, windowUS},
 		// With a WithPrefix prefix the window's length is stored, so that
 		// every configuration sharing a key reads the window alike (see
 		// scripts/fixedwindow.lua).

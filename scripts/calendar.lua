@@ -9,7 +9,9 @@
 -- ARGV[1]  now      Unix time (µs), or "" for the server's TIME
 -- ARGV[2]  n        permits asked for (>= 0), or "-<k>:<token>": a refund
 --                   of the grant named token, until k of its permits in
---                   all have been given back
+--                   all have been given back; "=<k>:<token>" the same,
+--                   replying only what it gave (a bare refund, which no
+--                   observer reads)
 -- ARGV[3]  b1       start of the host's period (µs)
 -- ARGV[4]  b2       its end: the start of the period after it (µs)
 -- ARGV[5]  others   "<b0> <b3> <b4>": the start of the period before the
@@ -45,7 +47,7 @@
 --
 -- Reply: "allowed remaining retry reset 0 -1 [token]" (µs; retry -1 =
 -- never), the token "<F>.<pos>.<n>" when n > 0 was granted; a refund's:
--- "1 remaining 0 reset 0 -1 given".
+-- "1 remaining 0 reset 0 -1 given", a bare one's "1 0 0 0 0 -1 given".
 
 -- Literal patterns (F and E have 16 digits). The short form's count is
 -- matched shortest first (%d-), as the fixed window's.
@@ -60,6 +62,13 @@ local UNKNOWN_PERIOD_US = 1000000
 -- times outside the host's period, and each step is written once: a
 -- refund, a denial and a grant share the write and the reply.
 
+-- A bare refund on the server's clock reads no clock: it takes the host's
+-- period's start for the clock's time, and so decides at the key's time
+-- when the key counts the host's period or a later one. The key's TTL
+-- ends with the period it counts, on the server's clock, so a key that is
+-- there counts a period the server's clock has not closed; one the host's
+-- clock has left gives nothing (stricter).
+--
 -- period_of returns i, the start and the end of the period i that holds t,
 -- of the four sent: 1 before the host's, 2 the host's (b1 to b2), 3 and 4
 -- after it; nil when none does. Only times outside the host's period need
@@ -75,18 +84,23 @@ local function period_of(t)
   return 4, b3, b4
 end
 
--- The clock: the caller's, or the server's.
+-- The clock: the caller's, or the server's; for a bare refund on the
+-- server's, the host's period's start (above).
+local mark = string.byte(ARGV[2])
+local bare = mark == 61 -- '='
 local now = ARGV[1]
-if now == '' then
+if now ~= '' then
+  now = now + 0
+elseif bare then
+  now = ARGV[3] + 0
+else
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
-else
-  now = now + 0
 end
 local refund_k, token
 local n = 0
-if string.byte(ARGV[2]) == 45 then -- '-': a refund
-  refund_k, token = string.match(ARGV[2], '^%-([1-9]%d*):(.+)$')
+if mark == 45 or bare then -- '-' or '=': a refund
+  refund_k, token = string.match(ARGV[2], '^[=%-]([1-9]%d*):(.+)$')
 end
 if not refund_k then n = ARGV[2] + 0 end
 local limit = ARGV[6] + 0
@@ -245,7 +259,9 @@ if write then
 end
 
 -- Reply: Remaining and ResetAfter as n == 0 would see the state after the
--- call, with used permits counted until reset_at.
+-- call, with used permits counted until reset_at; a bare refund's, only
+-- what it gave.
+if bare then return string.format('1 0 0 0 0 -1 %d', given) end
 local remaining, reset = limit - used, 0
 if remaining < 0 then remaining = 0 end
 if used > 0 then reset = reset_at - t end

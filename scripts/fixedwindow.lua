@@ -5,7 +5,9 @@
 -- ARGV[1]  now      Unix time (µs), or "" for the server's TIME
 -- ARGV[2]  n        permits asked for (>= 0), or "-<k>:<token>": a refund
 --                   of the grant a reply named <token>, until k of its
---                   permits in all have been given back
+--                   permits in all have been given back; "=<k>:<token>"
+--                   the same, replying only what it gave (a bare refund,
+--                   which no observer reads)
 -- ARGV[3]  limit    permits per window
 -- ARGV[4]  window   window length (µs)
 -- ARGV[5]  shared   "1" under WithPrefix: the window's length is stored
@@ -29,10 +31,16 @@
 -- earlier is a clock gone wrong, which reads the window as opened now.
 -- Denials, n == 0 and refunds that give nothing write nothing.
 --
+-- A bare refund on the server's clock reads no clock: it decides at the
+-- key's time as the key records it, the window's start. The key's TTL
+-- ends with its window, counted by the server, so a key that is there
+-- holds a window the server's clock has not closed (within the TTL's
+-- millisecond, and a grant counted in a closed window is read as none).
+--
 -- Reply: "allowed remaining retry reset 0 stable[ token]" (µs; retry -1 =
 -- never; stable -1, or 0 for a clock gone wrong); the token,
 -- "<start>.<at>.<n>", only for a grant. A refund replies
--- "1 remaining 0 reset 0 -1 given".
+-- "1 remaining 0 reset 0 -1 given", a bare one "1 0 0 0 0 -1 given".
 
 -- Literal patterns are built once, when the script loads. The short form's
 -- count is matched shortest first (%d-): its end's 16 digits are then found
@@ -54,19 +62,24 @@ end
 -- function is a closure Redis builds on each call, and calls cost too, so
 -- steps used once are not functions.
 
--- The clock: the caller's, or the server's.
+-- The clock: the caller's, or the server's; none yet (nil) for a bare
+-- refund on the server's clock, which takes the key's (above).
+local mark = string.byte(ARGV[2])
+local bare = mark == 61 -- '='
 local now = ARGV[1]
-if now == '' then
+if now ~= '' then
+  now = now + 0
+elseif bare then
+  now = nil
+else
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
-else
-  now = now + 0
 end
 local limit, window = ARGV[3] + 0, ARGV[4] + 0
 local refund_k, token
 local n = 0
-if string.byte(ARGV[2]) == 45 then -- '-': a refund
-  refund_k, token = string.match(ARGV[2], '^%-([1-9]%d*):(.*)$')
+if mark == 45 or bare then -- '-' or '=': a refund
+  refund_k, token = string.match(ARGV[2], '^[=%-]([1-9]%d*):(.*)$')
 end
 if not refund_k then n = ARGV[2] + 0 end
 
@@ -95,6 +108,13 @@ if value then
   end
   count, len, given, horizon = count + 0, len + 0, given + 0, horizon + 0
   start = window_end - len
+end
+
+-- A bare refund on the server's clock: nothing to give on a missing key,
+-- else the key's time is the window's start.
+if not now then
+  if not value then return '1 0 0 0 0 -1 0' end
+  now = start
 end
 
 -- The key's time: t = max(now, start), the window's start being the latest
@@ -136,6 +156,7 @@ if refund_k then
         count, start + len, len, given, horizon, records))
     end
   end
+  if bare then return string.format('1 0 0 0 0 -1 %d', back) end
   local reset = 0
   if open then reset = start + len - t end
   return string.format('1 %d 0 %d 0 -1 %d', math.max(0, limit - count), reset, back)
