@@ -91,13 +91,6 @@ if members > 0 then
   stepped = s == 's' and bound ~= nil
 end
 
--- text_of returns an integer's decimal text; now's, the common one, is
--- not formatted again.
-local function text_of(x)
-  if x == now then return now_text end
-  return format('%d', x)
-end
-
 -- The key's time, and the clock gone wrong: ahead of now by more than
 -- the longest lease the key holds (another configuration's may be longer).
 local t = max(now, recorded)
@@ -107,6 +100,10 @@ if recorded > now + lease then
   window = max(lease, latest[2] - recorded)
 end
 local wrong = recorded > now + window
+-- A live lease's expiry as a call reads it: its own, or on a clock gone
+-- wrong, at most cap.
+local cap = math.huge
+if wrong then cap = now + window end
 
 -- Count: members after the meta, lapsed first (score <= t), then live. The
 -- read counted those lapsed by now, unless there may be more.
@@ -118,26 +115,14 @@ if not bare then
   if meta then live = members - 1 - lapsed end
 end
 
--- effective is the expiry a call reads for a live lease's own.
-local function effective(expiry)
-  if wrong then return min(expiry, now + window) end
-  return expiry
-end
-
--- each_chunk calls command on the members of list, CHUNK at a time.
-local function each_chunk(command, list, per)
-  for i = 1, #list, CHUNK * per do
-    call(command, key, unpack(list, i, min(#list, i + CHUNK * per - 1)))
-  end
-end
-
 -- The rest is the decision, top to bottom, in commented steps. Redis
--- builds every function anew on each call, and one that captures many
--- locals costs more to build than its steps cost to run, so the steps are
+-- builds every function anew on each call, and building one costs about
+-- what a short step costs to run, so the script has none: the steps are
 -- written once, in line, and shared by the calls that take them: a
 -- release, n == 0 and a denial reply after step 3 without writing, and
--- the grants and extends write in steps 4 and 5. The three helpers above
--- capture few locals.
+-- the grants and extends write in steps 4 and 5. Lists of members go to
+-- ZADD and ZREM CHUNK at a time (a loop of one turn for a short list).
+-- An integer's text is now_text for now, which is not formatted again.
 
 -- 1. The request: n leases, or a grant's token "<first>.<n>" to release
 -- (its first k leases) or to extend. A release token that is not ours
@@ -163,8 +148,9 @@ end
 -- first+n-1 (an extend) that are members (found), their expiries, and how
 -- many of them are live (mine). A release removes them: those live free
 -- their places.
-local found, expiries, mine = {}, {}, 0
+local found, expiries, mine = nil, nil, 0
 if release or sign == 43 then
+  found, expiries = {}, {}
   local last = first + n - 1
   if release then
     last = first + k - 1
@@ -180,7 +166,7 @@ if release or sign == 43 then
   end
 end
 if release then
-  each_chunk('ZREM', found, 1)
+  for i = 1, #found, CHUNK do call('ZREM', key, unpack(found, i, min(#found, i + CHUNK - 1))) end
   live = live - mine
 end
 
@@ -202,7 +188,7 @@ if sign == 43 then
   else
     -- The grant's lapsed leases go with it: the trim that follows counts
     -- the lapsed leases left, and never reaches a live one.
-    each_chunk('ZREM', found, 1)
+    for i = 1, #found, CHUNK do call('ZREM', key, unpack(found, i, min(#found, i + CHUNK - 1))) end
     lapsed, live = lapsed - (#found - mine), others
   end
 elseif not release then
@@ -222,17 +208,17 @@ if release or n == 0 or excess then
   if bare then return format('1 0 0 0 0 -1 %d', mine) end
   local reset, remaining = 0, max(0, limit - live)
   if live > 0 then
-    reset = effective(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2] + 0) - now
+    reset = min(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2] + 0, cap) - now
   end
   if release then return format('1 %d 0 %d 0 -1 %d', remaining, reset, mine) end
   if not excess then return format('1 %d 0 %d 0 -1', remaining, reset) end
   local retry, stable = -1, -1
   if live > 0 then
-    stable = effective(call('ZRANGE', key, lapsed + 1, lapsed + 1, 'WITHSCORES')[2] + 0) - now
+    stable = min(call('ZRANGE', key, lapsed + 1, lapsed + 1, 'WITHSCORES')[2] + 0, cap) - now
   end
   if excess > 0 then
     local rank = lapsed + excess
-    retry = effective(call('ZRANGE', key, rank, rank, 'WITHSCORES')[2] + 0) - now
+    retry = min(call('ZRANGE', key, rank, rank, 'WITHSCORES')[2] + 0, cap) - now
   end
   return format('0 %d %d %d 0 %d', remaining, retry, reset, stable)
 end
@@ -254,13 +240,15 @@ if wrong then
     capped[#capped + 1] = now + window
     capped[#capped + 1] = member
   end
-  each_chunk('ZADD', capped, 2)
+  for i = 1, #capped, 2 * CHUNK do
+    call('ZADD', key, unpack(capped, i, min(#capped, i + 2 * CHUNK - 1)))
+  end
   w = now
 end
 local leases, top, most = {}, w + lease, TRIM
 if moved then
   for i, member in ipairs(found) do
-    leases[#leases + 1] = max(effective(expiries[i]), w + lease)
+    leases[#leases + 1] = max(min(expiries[i], cap), w + lease)
     leases[#leases + 1] = member
     top = max(top, leases[#leases - 1])
   end
@@ -268,7 +256,7 @@ else
   first = max(last_id + 1, w)
   for id = first, first + n - 1 do
     leases[#leases + 1] = top
-    leases[#leases + 1] = text_of(id)
+    leases[#leases + 1] = id == now and now_text or format('%d', id)
   end
   last_id, live, most = first + n - 1, live + n, n + TRIM
 end
@@ -291,11 +279,14 @@ if meta then
 end
 local reach = ARGV[4]
 if latest - w ~= lease then reach = format('%d', latest - w) end
-meta = '#' .. text_of(w) .. ':' .. text_of(last_id) .. ':' .. reach
+meta = '#' .. (w == now and now_text or format('%d', w)) .. ':' ..
+  (last_id == now and now_text or format('%d', last_id)) .. ':' .. reach
 if server_clock then meta = meta .. 's' end
 leases[#leases + 1] = '0'
 leases[#leases + 1] = meta
-each_chunk('ZADD', leases, 2)
+for i = 1, #leases, 2 * CHUNK do
+  call('ZADD', key, unpack(leases, i, min(#leases, i + 2 * CHUNK - 1)))
+end
 -- The TTL ends with the second latest lapses in. One the server's clock
 -- set (stepped) ends with the second of the old meta's bound, on the
 -- server's clock: it is left when that is the same second.
@@ -305,5 +296,5 @@ if not (server_clock and stepped and bound + (-bound) % STEP == ends) then
 end
 
 -- The reply: allowed, with the token of the n leases from first.
-return format('1 %d 0 %d 0 -1 %s.%d', max(0, limit - live), effective(latest) - now,
-  text_of(first), n)
+return format('1 %d 0 %d 0 -1 %s.%d', max(0, limit - live), min(latest, cap) - now,
+  first == now and now_text or format('%d', first), n)
