@@ -229,7 +229,8 @@ end
 -- it writes: the moved leases of an extend, each live another lease from
 -- that time (the token stays), or n new ones with ids from first, whose
 -- token the reply gives; top is the latest of them, most the lapsed
--- leases it may trim.
+-- leases it may trim. One new lease, the common grant, needs no list:
+-- step 5 writes it with the meta.
 local w = t
 if wrong then
   call('ZREMRANGEBYSCORE', key, '(0', format('%d', t))
@@ -245,8 +246,9 @@ if wrong then
   end
   w = now
 end
-local leases, top, most = {}, w + lease, TRIM
+local leases, top, most = nil, w + lease, TRIM
 if moved then
+  leases = {}
   for i, member in ipairs(found) do
     leases[#leases + 1] = max(min(expiries[i], cap), w + lease)
     leases[#leases + 1] = member
@@ -254,9 +256,12 @@ if moved then
   end
 else
   first = max(last_id + 1, w)
-  for id = first, first + n - 1 do
-    leases[#leases + 1] = top
-    leases[#leases + 1] = id == now and now_text or format('%d', id)
+  if n > 1 then
+    leases = {}
+    for id = first, first + n - 1 do
+      leases[#leases + 1] = top
+      leases[#leases + 1] = id == now and now_text or format('%d', id)
+    end
   end
   last_id, live, most = first + n - 1, live + n, n + TRIM
 end
@@ -282,10 +287,14 @@ if latest - w ~= lease then reach = format('%d', latest - w) end
 meta = '#' .. (w == now and now_text or format('%d', w)) .. ':' ..
   (last_id == now and now_text or format('%d', last_id)) .. ':' .. reach
 if server_clock then meta = meta .. 's' end
-leases[#leases + 1] = '0'
-leases[#leases + 1] = meta
-for i = 1, #leases, 2 * CHUNK do
-  call('ZADD', key, unpack(leases, i, min(#leases, i + 2 * CHUNK - 1)))
+if leases then
+  leases[#leases + 1] = '0'
+  leases[#leases + 1] = meta
+  for i = 1, #leases, 2 * CHUNK do
+    call('ZADD', key, unpack(leases, i, min(#leases, i + 2 * CHUNK - 1)))
+  end
+else
+  call('ZADD', key, top, first == now and now_text or format('%d', first), '0', meta)
 end
 -- The TTL ends with the second latest lapses in. One the server's clock
 -- set (stepped) ends with the second of the old meta's bound, on the
