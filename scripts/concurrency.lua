@@ -68,25 +68,23 @@ end
 -- say), the key's members, and the leases lapsed by now, counted up to
 -- PEEK - 1. The meta ranks first (score 0) and the lapsed leases next, so
 -- one read returns the meta and the lapsed count of a key that holds
--- fewer than PEEK - 1, and ZCARD counts the live ones with them. The read
--- asks no scores: a member's name tells the meta ("#...") from a lease (an
--- id), and scores cost Redis about a tenth of a grant to reply. Another
--- type, or a sorted set whose first member is not a meta, is not ours.
+-- fewer than PEEK - 1, and ZCARD counts the live ones with them. Another
+-- type, or a sorted set whose first member is not the meta, is not ours.
 -- A bare release ("=", which no observer reads: Go sends it when none is
 -- set) counts nothing, and reads ZCARD only when the read found no meta:
 -- an empty key, or a set whose members all lapse after now, not ours.
 local bare = string.byte(ARGV[2]) == 61
-local head = redis.pcall('ZRANGEBYSCORE', key, '-inf', now_text, 'LIMIT', '0', PEEK)
+local head = redis.pcall('ZRANGEBYSCORE', key, '-inf', now_text, 'WITHSCORES', 'LIMIT', '0', PEEK)
 if head.err then return redis.error_reply(format(NOT_OURS, 'another type than a sorted set')) end
 local members = 1
 if not (bare and head[1]) then members = call('ZCARD', key) end
 local meta, recorded, last_id, bound, seen, stepped = nil, 0, 0, nil, 0, false
 if members > 0 then
   local at, last, reach, s = string.match(head[1] or '', META)
-  if not at then
+  if not at or head[2] ~= '0' then
     return redis.error_reply(format(NOT_OURS, 'a sorted set that is not leases'))
   end
-  meta, recorded, last_id, seen = head[1], at + 0, last + 0, #head - 1
+  meta, recorded, last_id, seen = head[1], at + 0, last + 0, math.floor(#head / 2) - 1
   if reach ~= '' then bound = recorded + reach end
   stepped = s == 's' and bound ~= nil
 end
