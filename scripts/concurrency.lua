@@ -6,7 +6,8 @@
 -- ARGV[1]  now     Unix time (µs), or "" for the server's TIME
 -- ARGV[2]  what    "<n>"           take n leases (>= 0; 0 only reports)
 --                  "-<k>:<token>"  release the first k leases of a grant
---                  "=<k>:<token>"  the same, replying only what it gave
+--                  "=<k>:<token>"  the same, replying only how many of
+--                                  them it removed (a bare release)
 --                  "+<token>"      extend the leases of a grant
 -- ARGV[3]  limit   leases live at once (at most 10000)
 -- ARGV[4]  lease   lease length (µs)
@@ -53,6 +54,34 @@ local call, format, max, min = redis.call, string.format, math.max, math.min
 local key = KEYS[1]
 local limit, lease = ARGV[3] + 0, ARGV[4] + 0
 
+-- A bare release ("=", which no observer reads: Go sends it when none is
+-- set) reads no clock and counts nothing: a lease's id is never given
+-- twice on the key, so removing the grant's ids frees exactly the places
+-- of its leases still live, and nobody else's. It checks that the key's
+-- first member is the meta (else the set is not ours), removes the first
+-- k ids of the token's grant, and replies how many it removed, live or
+-- lapsed. A token that names more leases than its grant took, or more than
+-- a grant can, removes nothing.
+if string.byte(ARGV[2]) == 61 then
+  local first_member = redis.pcall('ZRANGE', key, '0', '0', 'WITHSCORES')
+  if first_member.err then
+    return redis.error_reply(format(NOT_OURS, 'another type than a sorted set'))
+  end
+  if not first_member[1] then return '1 0 0 0 0 -1 0' end
+  if not string.match(first_member[1], META) or first_member[2] ~= '0' then
+    return redis.error_reply(format(NOT_OURS, 'a sorted set that is not leases'))
+  end
+  local removed, taken, from, count = 0, string.match(ARGV[2], '^=(%d+):(%d+)%.(%d+)$')
+  if taken and taken + 0 <= count + 0 and count + 0 <= MOST then
+    local ids = {}
+    for id = from + 0, from + taken - 1 do ids[#ids + 1] = format('%d', id) end
+    for i = 1, #ids, CHUNK do
+      removed = removed + call('ZREM', key, unpack(ids, i, min(#ids, i + CHUNK - 1)))
+    end
+  end
+  return format('1 0 0 0 0 -1 %d', removed)
+end
+
 -- Read the clock: the caller's, or the server's; as a number, and as the
 -- text %d formats it to (the µs zero-padded after the seconds), which the
 -- common path writes as it is.
@@ -70,14 +99,9 @@ end
 -- one read returns the meta and the lapsed count of a key that holds
 -- fewer than PEEK - 1, and ZCARD counts the live ones with them. Another
 -- type, or a sorted set whose first member is not the meta, is not ours.
--- A bare release ("=", which no observer reads: Go sends it when none is
--- set) counts nothing, and reads ZCARD only when the read found no meta:
--- an empty key, or a set whose members all lapse after now, not ours.
-local bare = string.byte(ARGV[2]) == 61
 local head = redis.pcall('ZRANGEBYSCORE', key, '-inf', now_text, 'WITHSCORES', 'LIMIT', '0', PEEK)
 if head.err then return redis.error_reply(format(NOT_OURS, 'another type than a sorted set')) end
-local members = 1
-if not (bare and head[1]) then members = call('ZCARD', key) end
+local members = call('ZCARD', key)
 local meta, recorded, last_id, bound, seen, stepped = nil, 0, 0, nil, 0, false
 if members > 0 then
   local at, last, reach, s = string.match(head[1] or '', META)
@@ -106,12 +130,10 @@ if wrong then cap = now + window end
 -- Count: members after the meta, lapsed first (score <= t), then live. The
 -- read counted those lapsed by now, unless there may be more.
 local lapsed, live = seen, 0
-if not bare then
-  if t > now or seen == PEEK - 1 then
-    lapsed = call('ZCOUNT', key, '(0', format('%d', t))
-  end
-  if meta then live = members - 1 - lapsed end
+if t > now or seen == PEEK - 1 then
+  lapsed = call('ZCOUNT', key, '(0', format('%d', t))
 end
+if meta then live = members - 1 - lapsed end
 
 -- The rest is the decision, top to bottom, in commented steps. Redis
 -- builds every function anew on each call, and building one costs about
@@ -127,10 +149,10 @@ end
 -- names no lease, and frees nothing.
 local what = ARGV[2]
 local sign = string.byte(what)
-local release = sign == 45 or bare -- '-' or '='
+local release = sign == 45 -- '-'
 local n, first, k = 0, 0, 0
 if release then
-  local taken, from, count = string.match(what, '^[=%-](%d+):(%d+)%.(%d+)$')
+  local taken, from, count = string.match(what, '^%-(%d+):(%d+)%.(%d+)$')
   if taken then k, first, n = taken + 0, from + 0, count + 0 end
 elseif sign == 43 then -- '+': an extend
   local from, count = string.match(what, '^%+(%d+)%.(%d+)$')
@@ -200,10 +222,8 @@ end
 -- A reply that writes nothing: a release, n == 0 or a denial, as
 -- "allowed remaining retry reset 0 stable", with reset the time until
 -- the latest live lease lapses (the latest member) and, on a denial,
--- stable until the earliest does; a release's ends with what it gave,
--- and a bare one's says nothing else.
+-- stable until the earliest does; a release's ends with what it gave.
 if release or n == 0 or excess then
-  if bare then return format('1 0 0 0 0 -1 %d', mine) end
   local reset, remaining = 0, max(0, limit - live)
   if live > 0 then
     reset = min(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2] + 0, cap) - now
